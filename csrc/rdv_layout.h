@@ -1,0 +1,181 @@
+/* The shared-memory layout of one rendezvous segment, and the process-local
+ * handle that maps it. Everything in this file that lives in shared memory is
+ * versioned by RDV_LAYOUT_VERSION and pinned by _Static_asserts.
+ *
+ *   [ header: 1 page ][ key index: slots x 64 B ][ side table: u32 per granule ][ arena ]
+ *
+ * The arena is mapped twice, back to back, so a block that runs past the end
+ * of the ring continues in the mirror: no block is ever split or padded. */
+#ifndef RDV_LAYOUT_H
+#define RDV_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "shmrdv.h"
+
+#define RDV_MAGIC 0x31564452524d4853ULL /* "SHMRRDV1" little-endian */
+#define RDV_LAYOUT_VERSION 1u
+#define RDV_PAGE 4096u
+#define RDV_LINE 64u
+#define RDV_GRANULE 64u /* arena allocation unit and payload alignment */
+#define RDV_MAX_ARENA (1ULL << 36) /* 64 GiB: block lengths fit the side table */
+
+/* ---- header (page 0) ---------------------------------------------------- */
+
+enum { RDV_RUNNING = 0, RDV_ABORTING = 1, RDV_ABORTED = 2 };
+
+struct rdv_header {
+    /* line 0: identity; written by the creator before magic is published */
+    uint64_t magic; /* published last (release); attachers load it with acquire */
+    uint32_t version;
+    uint32_t header_size;
+    uint64_t total_size;
+    uint64_t index_off;
+    uint64_t index_slots; /* power of two */
+    uint64_t side_off;
+    uint64_t arena_off;
+    uint64_t arena_size; /* page multiple */
+
+    /* line 1: constants */
+    uint64_t hash_seed[2];
+    uint64_t max_keys;
+    uint32_t creator_pid;
+    uint8_t pad1[RDV_LINE - 28];
+
+    /* line 2: producers' tail: next free ring position (free-running bytes) */
+    uint64_t p_tail;
+    uint8_t pad2[RDV_LINE - 8];
+
+    /* line 3: reclaimers' head: oldest block not yet reclaimed, and the futex
+     * that producers waiting for space sleep on */
+    uint64_t c_head;
+    uint32_t space_seq;
+    uint32_t space_sleepers;
+    uint8_t pad3[RDV_LINE - 16];
+
+    /* line 4: abort state (RDV_RUNNING/ABORTING/ABORTED) */
+    uint32_t abort_state;
+    uint32_t abort_reason_len;
+    uint8_t pad4[RDV_LINE - 8];
+
+    char abort_reason[RDV_REASON_MAX];
+};
+
+_Static_assert(offsetof(struct rdv_header, hash_seed) == 1 * RDV_LINE, "line 1");
+_Static_assert(offsetof(struct rdv_header, p_tail) == 2 * RDV_LINE, "line 2");
+_Static_assert(offsetof(struct rdv_header, c_head) == 3 * RDV_LINE, "line 3");
+_Static_assert(offsetof(struct rdv_header, abort_state) == 4 * RDV_LINE, "line 4");
+_Static_assert(offsetof(struct rdv_header, abort_reason) == 5 * RDV_LINE, "reason");
+_Static_assert(sizeof(struct rdv_header) <= RDV_PAGE, "header fits page 0");
+
+/* ---- key index slot -------------------------------------------------------
+ * A key is identified by its length and two independent 64-bit hashes; every
+ * message also carries the key bytes, which the receiver compares before it
+ * delivers, so a hash collision fails loudly instead of misdelivering. */
+
+enum { RDV_SLOT_EMPTY = 0, RDV_SLOT_LIVE = 1, RDV_SLOT_TOMB = 2 };
+
+struct rdv_slot {
+    uint32_t lock;      /* 0 free, else held: guards every field below but max_probe */
+    uint32_t ins_lock;  /* as a home slot: serializes inserts of keys hashed here */
+    uint32_t state;     /* RDV_SLOT_*; written under lock, read lock-free by lookups */
+    uint32_t gen;       /* bumped under lock when the slot changes key */
+    uint64_t h1, h2;    /* key hash; written under lock before state = LIVE */
+    uint32_t key_len;
+    uint32_t max_probe; /* as a home slot: farthest displacement of its keys (ins_lock) */
+    uint32_t q_head;    /* oldest queued message: granule index + 1, 0 = none */
+    uint32_t q_tail;    /* newest queued message: granule index + 1 */
+    uint32_t count;     /* queued messages */
+    uint32_t waiters;   /* receivers inside rdv_recv for this key */
+    uint32_t seq;       /* futex word: bumped on enqueue, abort and cancel */
+    uint32_t sleepers;  /* receivers about to sleep or asleep on seq */
+};
+
+_Static_assert(sizeof(struct rdv_slot) == RDV_LINE, "one slot per cache line");
+_Static_assert(offsetof(struct rdv_slot, h1) == 16, "slot hash");
+_Static_assert(offsetof(struct rdv_slot, seq) == 56, "slot futex word");
+
+/* ---- message block (in the arena, at a granule boundary) ------------------
+ *   [ rdv_msg ][ shape[ndim] ][ strides[ndim] ][ key ][ pad ][ pos ][ payload ]
+ * The u64 just before the payload repeats the block position so a payload
+ * pointer alone identifies its block. */
+
+struct rdv_msg {
+    uint32_t next;        /* next message on the same key: granule + 1 (slot lock) */
+    uint32_t key_len;
+    uint64_t nbytes;      /* payload length */
+    uint64_t pos;         /* ring position of this block */
+    uint32_t payload_off; /* from block start; multiple of RDV_GRANULE */
+    uint16_t ndim;
+    uint8_t dtype_len;
+    uint8_t flags;
+    char dtype[RDV_DTYPE_MAX];
+};
+
+_Static_assert(sizeof(struct rdv_msg) == RDV_LINE, "message header is one line");
+_Static_assert(offsetof(struct rdv_msg, dtype) == 32, "dtype offset");
+
+/* Side table entry, one per arena granule; nonzero only at the first granule
+ * of a block between c_head and p_tail: length in granules, plus FREE once
+ * its owner is done with it. */
+#define RDV_SIDE_FREE 0x80000000u
+#define RDV_SIDE_LEN(v) ((v) & 0x7fffffffu)
+
+/* ---- process-local handle --------------------------------------------------*/
+
+struct rdv {
+    uint8_t *base;      /* segment mapping; the arena mirror follows it */
+    size_t map_len;     /* total_size + arena_size */
+    struct rdv_header *khdr;
+    struct rdv_slot *kslots;
+    uint32_t *kside;
+    uint8_t *karena;
+    uint64_t cap;       /* arena bytes */
+    uint64_t slot_mask;
+    int64_t spin_ns;    /* adaptive spin budget before a futex sleep (racy hint) */
+    int64_t refs;       /* the owner's + one per call in flight + one per live payload */
+    uint32_t closed;
+};
+
+/* rdv_segment.c: references on a handle's mapping. A handle struct is never
+ * freed (a few dozen bytes per closed rendezvous), so taking a reference on a
+ * closed handle fails cleanly instead of touching freed memory. */
+int rdv_get(rdv_t *h);
+void rdv_put(rdv_t *h);
+
+/* rdv_index.c */
+int rdv_index_find(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, uint32_t *idx);
+int rdv_index_acquire(rdv_t *h, const char *key, uint32_t key_len, int create, uint32_t *idx);
+void rdv_index_release(rdv_t *h, uint32_t idx);
+void rdv_index_maybe_delete(rdv_t *h, uint32_t idx);
+void rdv_slot_lock(uint32_t *klock);
+void rdv_slot_unlock(uint32_t *klock);
+void rdv_hash_key(const rdv_t *h, const char *key, uint32_t len, uint64_t *h1, uint64_t *h2);
+
+/* rdv_arena.c */
+int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos);
+int rdv_arena_free(rdv_t *h, uint64_t pos);
+int rdv_arena_check_busy(rdv_t *h, uint64_t pos, uint64_t *len);
+static inline uint64_t rdv_granule_of(const rdv_t *h, uint64_t pos) {
+    return (pos % h->cap) / RDV_GRANULE;
+}
+static inline struct rdv_msg *rdv_msg_at(const rdv_t *h, uint64_t pos) {
+    return (struct rdv_msg *)(h->karena + pos % h->cap);
+}
+
+/* rdv_wait.c */
+struct rdv_deadline {
+    int forever;
+    int64_t at_ns; /* CLOCK_MONOTONIC */
+};
+int64_t rdv_now_ns(void);
+void rdv_deadline_init(struct rdv_deadline *d, int64_t timeout_ns);
+int rdv_deadline_left(const struct rdv_deadline *d, int64_t *left_ns);
+int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t seen,
+                    const struct rdv_deadline *d);
+void rdv_wake_all(uint32_t *kword, uint32_t *ksleepers);
+int rdv_is_aborted(const rdv_t *h);
+
+#endif

@@ -1,0 +1,168 @@
+/* Creating, validating and mapping a rendezvous segment. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rdv_atomic.h"
+#include "rdv_layout.h"
+
+#define RDV_INITIAL_SPIN_NS 50000
+#define RDV_MAX_KEYS (1u << 24)
+
+static uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
+
+struct layout {
+    uint64_t slots, index_off, side_off, arena_off, arena_size, total;
+};
+
+static void plan(struct layout *l, uint64_t arena_size, uint64_t slots) {
+    l->slots = slots;
+    l->arena_size = arena_size;
+    l->index_off = RDV_PAGE;
+    l->side_off = l->index_off + round_up(slots * sizeof(struct rdv_slot), RDV_PAGE);
+    l->arena_off = l->side_off + round_up(arena_size / RDV_GRANULE * 4, RDV_PAGE);
+    l->total = l->arena_off + arena_size;
+}
+
+/* Map the segment with the arena mirrored right after it, so that a block
+ * running past the arena's end stays contiguous in our address space. */
+static int map_segment(int fd, const struct layout *l, rdv_t **out) {
+    size_t len = l->total + l->arena_size;
+    uint8_t *base = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED)
+        return -errno;
+    if (mmap(base, l->total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED ||
+        mmap(base + l->total, l->arena_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+             (off_t)l->arena_off) == MAP_FAILED) {
+        int err = errno;
+        munmap(base, len);
+        return -err;
+    }
+    rdv_t *h = calloc(1, sizeof *h);
+    if (!h) {
+        munmap(base, len);
+        return -ENOMEM;
+    }
+    h->base = base;
+    h->map_len = len;
+    h->khdr = (struct rdv_header *)base;
+    h->kslots = (struct rdv_slot *)(base + l->index_off);
+    h->kside = (uint32_t *)(base + l->side_off);
+    h->karena = base + l->arena_off;
+    h->cap = l->arena_size;
+    h->slot_mask = l->slots - 1;
+    h->spin_ns = RDV_INITIAL_SPIN_NS;
+    h->refs = 1;
+    *out = h;
+    return 0;
+}
+
+int rdv_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out) {
+    if (arena_size == 0 || arena_size > RDV_MAX_ARENA || max_keys == 0 || max_keys > RDV_MAX_KEYS)
+        return -EINVAL;
+    uint64_t slots = 64;
+    while (slots < 2 * max_keys) /* load factor at most 1/2 */
+        slots *= 2;
+    struct layout l;
+    plan(&l, round_up(arena_size, RDV_PAGE), slots);
+    if (ftruncate(fd, (off_t)l.total) < 0)
+        return -errno;
+    int rc = map_segment(fd, &l, out);
+    if (rc < 0)
+        return rc;
+    struct rdv_header *khdr = (*out)->khdr; /* a new tmpfs file reads as zeros */
+    khdr->version = RDV_LAYOUT_VERSION;
+    khdr->header_size = sizeof *khdr;
+    khdr->total_size = l.total;
+    khdr->index_off = l.index_off;
+    khdr->index_slots = l.slots;
+    khdr->side_off = l.side_off;
+    khdr->arena_off = l.arena_off;
+    khdr->arena_size = l.arena_size;
+    khdr->max_keys = max_keys;
+    khdr->creator_pid = (uint32_t)getpid();
+    if (getrandom(khdr->hash_seed, sizeof khdr->hash_seed, 0) != sizeof khdr->hash_seed) {
+        khdr->hash_seed[0] = (uint64_t)rdv_now_ns();
+        khdr->hash_seed[1] = ~khdr->hash_seed[0] ^ (uint64_t)getpid();
+    }
+    /* release: publishes every field above; pairs with the acquire load of
+     * magic in rdv_attach */
+    smp_store_release(&khdr->magic, RDV_MAGIC);
+    return 0;
+}
+
+/* Check a header read from an untrusted file against the layout it claims. */
+static int validate(const struct rdv_header *khdr, uint64_t file_size, struct layout *l) {
+    /* acquire: pairs with the creator's release store of magic */
+    uint64_t magic = smp_load_acquire(&khdr->magic);
+    if (magic == 0)
+        return -EAGAIN; /* still being created */
+    if (magic != RDV_MAGIC)
+        return -EPROTO;
+    if (khdr->version != RDV_LAYOUT_VERSION || khdr->header_size != sizeof *khdr)
+        return -EPROTONOSUPPORT;
+    uint64_t slots = khdr->index_slots, arena = khdr->arena_size;
+    if (slots < 64 || slots > 2ull * RDV_MAX_KEYS || (slots & (slots - 1)) || arena == 0 ||
+        arena > RDV_MAX_ARENA || arena % RDV_PAGE || khdr->max_keys == 0 ||
+        khdr->max_keys > slots / 2)
+        return -EBADMSG;
+    plan(l, arena, slots);
+    if (khdr->index_off != l->index_off || khdr->side_off != l->side_off ||
+        khdr->arena_off != l->arena_off || khdr->total_size != l->total)
+        return -EBADMSG;
+    if (file_size != l->total)
+        return -EFBIG; /* header and file disagree: truncated or grown */
+    if (khdr->abort_reason_len > RDV_REASON_MAX || khdr->abort_state > RDV_ABORTED)
+        return -EBADMSG;
+    return 0;
+}
+
+int rdv_attach(int fd, rdv_t **out) {
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return -errno;
+    if ((uint64_t)st.st_size < RDV_PAGE)
+        return st.st_size == 0 ? -EAGAIN : -EPROTO;
+    struct rdv_header *khdr = mmap(NULL, RDV_PAGE, PROT_READ, MAP_SHARED, fd, 0);
+    if (khdr == MAP_FAILED)
+        return -errno;
+    struct layout l;
+    int rc = validate(khdr, (uint64_t)st.st_size, &l);
+    munmap(khdr, RDV_PAGE);
+    if (rc < 0)
+        return rc;
+    return map_segment(fd, &l, out);
+}
+
+void rdv_close(rdv_t *h) {
+    uint32_t open_ = 0;
+    if (h && __atomic_compare_exchange_n(&h->closed, &open_, 1, 0, __ATOMIC_RELAXED,
+                                         __ATOMIC_RELAXED))
+        rdv_put(h);
+}
+
+uint64_t rdv_capacity(rdv_t *h) { return h->cap; }
+
+int rdv_get(rdv_t *h) {
+    /* process-local count; relaxed: the mapping it protects was set up before
+     * the handle was handed out */
+    int64_t r = __atomic_load_n(&h->refs, __ATOMIC_RELAXED);
+    do {
+        if (r == 0)
+            return -EBADF; /* closed and unmapped */
+    } while (!__atomic_compare_exchange_n(&h->refs, &r, r + 1, 0, __ATOMIC_ACQUIRE,
+                                          __ATOMIC_RELAXED));
+    return 0;
+}
+
+void rdv_put(rdv_t *h) {
+    /* acq_rel: every access through the mapping happens before the unmap */
+    if (__atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        munmap(h->base, h->map_len);
+}
+
+void rdv_unref(rdv_t *h) { rdv_put(h); }

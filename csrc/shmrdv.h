@@ -1,0 +1,82 @@
+/* shmrdv public C API. Plain declarations only: this header doubles as the
+ * cffi cdef (see shmrdv/_build.py), so it holds no includes and no macros
+ * other than integer constants.
+ *
+ * Every function returns 0 or a negative errno; shmrdv/_binding.py maps the
+ * codes to Python exceptions in one place. */
+
+#define RDV_KEY_MAX 4096
+#define RDV_NDIM_MAX 32
+#define RDV_DTYPE_MAX 32
+#define RDV_REASON_MAX 1024
+#define RDV_NAME_MAX 200
+
+typedef struct rdv rdv_t;
+
+/* What a receiver learns about one message; copied out of shared memory and
+ * bounds-checked, so Python never reads the block header itself. */
+struct rdv_msg_info {
+    void *payload;        /* start of the payload inside this process's mapping */
+    uint64_t nbytes;      /* payload length */
+    uint64_t pos;         /* ring position of the block: the handle for release */
+    uint32_t ndim;
+    uint32_t dtype_len;
+    char dtype[32];       /* numpy dtype.str, not NUL-terminated */
+    int64_t shape[32];
+    int64_t strides[32];
+};
+
+struct rdv_stats {
+    uint64_t pending_messages;
+    uint64_t keys;
+    uint64_t waiters;
+    uint64_t bytes_used;
+    uint64_t bytes_free;
+    uint64_t capacity;
+    uint64_t max_keys;
+    uint32_t aborted;
+};
+
+/* Lifecycle. fd is an open POSIX shm object; the caller closes it afterwards. */
+int rdv_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out);
+int rdv_attach(int fd, rdv_t **out);
+/* Drop this handle's own reference. The mapping stays until every view and
+ * every call in flight has let go of it (see rdv_release_payload). */
+void rdv_close(rdv_t *h);
+uint64_t rdv_capacity(rdv_t *h);
+
+/* Producer. rdv_send_begin reserves a block (waiting up to timeout_ns while
+ * the arena is full; timeout_ns < 0 waits forever) and writes its metadata;
+ * the caller fills *payload, then publishes it with rdv_send_commit or
+ * returns it with rdv_send_discard. rdv_send does all three with one memcpy.
+ * A successful rdv_send_begin takes a reference on the mapping for *payload,
+ * dropped with rdv_unref once the caller no longer touches it. */
+int rdv_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
+                   uint32_t dtype_len, uint32_t ndim, const int64_t *shape,
+                   const int64_t *strides, uint64_t nbytes, int64_t timeout_ns,
+                   uint64_t *pos, void **payload);
+int rdv_send_commit(rdv_t *h, uint64_t pos);
+int rdv_send_discard(rdv_t *h, uint64_t pos);
+int rdv_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
+             uint32_t dtype_len, uint32_t ndim, const int64_t *shape,
+             const int64_t *strides, const void *src, uint64_t nbytes, int64_t timeout_ns);
+
+/* Consumer. timeout_ns: < 0 forever, 0 never blocks (-EAGAIN when empty).
+ * cancel (may be NULL) is a process-local word: 0 while waiting; rdv_cancel
+ * moves it to 1 (withdrawn) unless the receiver already moved it to 2
+ * (consumed), so a message is either delivered or left queued, never lost. */
+int rdv_recv(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
+             uint32_t *cancel, struct rdv_msg_info *out);
+int rdv_cancel(rdv_t *h, const char *key, uint32_t key_len, uint32_t *cancel);
+/* Give back a payload handed out by rdv_recv: frees its block and drops the
+ * reference the view held on the mapping. */
+int rdv_release_payload(rdv_t *h, void *payload);
+/* Drop the reference a payload handed out by rdv_send_begin held. */
+void rdv_unref(rdv_t *h);
+
+/* Abort: every pending and future operation in every process fails with
+ * -ECONNABORTED; queued messages are freed. The first reason wins. */
+int rdv_abort(rdv_t *h, const char *reason, uint32_t reason_len);
+int rdv_abort_reason(rdv_t *h, char *buf, uint32_t cap, uint32_t *len);
+
+int rdv_stats(rdv_t *h, struct rdv_stats *out);

@@ -1,0 +1,468 @@
+"""``Rendezvous``: send and receive numpy tensors by key through one POSIX
+shared-memory segment shared by every process that opens the same name."""
+import errno
+import re
+import threading
+import time
+import warnings
+import weakref
+from concurrent.futures import Future
+from contextlib import contextmanager
+from functools import partial
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+import numpy as np
+import posix_ipc
+
+from ._binding import ffi, lib, raise_rc
+from .errors import Aborted, InvalidArgument, InvalidType, RendezvousError, SegmentMismatch
+from .stats import Stats
+
+DEFAULT_SIZE = 64 << 20
+"""Arena bytes of a rendezvous created without ``size``."""
+SEGMENT_PREFIX = "/shmrdv-"
+"""A rendezvous NAME lives in the POSIX shm object ``/shmrdv-NAME`` (``/dev/shm/shmrdv-NAME``)."""
+
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,%d}\Z" % lib.RDV_NAME_MAX)
+_ATTACH_WAIT_S = 2.0  # how long an attacher waits for a creator to finish initialising
+_DTYPE_KINDS = "biufcmMSU"  # plain, fixed-size, non-object dtypes
+_NS = 1_000_000_000
+
+
+def _key_bytes(key: object) -> bytes:
+    if not isinstance(key, str):
+        raise InvalidType(f"key must be a str, not {type(key).__name__}")
+    kb = key.encode("utf-8")
+    if not kb or len(kb) > lib.RDV_KEY_MAX:
+        raise InvalidArgument(f"key must be 1..{lib.RDV_KEY_MAX} bytes in UTF-8, got {len(kb)}")
+    return kb
+
+
+def _timeout_ns(timeout: object) -> int:
+    """-1 for forever, else nanoseconds."""
+    if timeout is None:
+        return -1
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise InvalidType(f"timeout must be None or a number of seconds, not {type(timeout).__name__}")
+    if not timeout >= 0:  # also rejects NaN
+        raise InvalidArgument(f"timeout must be >= 0 seconds, got {timeout!r}")
+    return min(int(timeout * _NS), 1 << 62)
+
+
+def _positive_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidType(f"{what} must be an int, not {type(value).__name__}")
+    if value <= 0:
+        raise InvalidArgument(f"{what} must be positive, got {value}")
+    return value
+
+
+_dtype_codes: Dict[np.dtype, bytes] = {}
+_code_dtypes: Dict[bytes, np.dtype] = {}
+
+
+def _dtype_code(dtype: np.dtype) -> bytes:
+    code = _dtype_codes.get(dtype)
+    if code is None:
+        if dtype.kind not in _DTYPE_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+            raise InvalidType(f"dtype {dtype} cannot be sent: only numeric, bool, datetime, timedelta and fixed-width string dtypes")
+        code = dtype.str.encode("ascii")
+        if len(code) > lib.RDV_DTYPE_MAX:
+            raise InvalidType(f"dtype {dtype} has too long a descriptor")
+        _dtype_codes[dtype] = code
+    return code
+
+
+def _dtype_of(code: bytes) -> np.dtype:
+    dtype = _code_dtypes.get(code)
+    if dtype is None:
+        try:
+            dtype = np.dtype(code.decode("ascii"))
+        except (TypeError, ValueError, UnicodeDecodeError) as exc:
+            raise SegmentMismatch(f"message carries an unreadable dtype {code!r}") from exc
+        if dtype.kind not in _DTYPE_KINDS:
+            raise SegmentMismatch(f"message carries a dtype shmrdv never sends: {code!r}")
+        _code_dtypes[code] = dtype
+    return dtype
+
+
+def _c_strides(shape: Tuple[int, ...], itemsize: int) -> Tuple[int, ...]:
+    strides = []
+    step = itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+class _RecvFuture(Future):  # type: ignore[type-arg]
+    """A Future whose cancel() withdraws the waiting receiver, unless it has
+    already taken a message (then cancel() returns False and the result comes)."""
+
+    def __init__(self, withdraw: Any) -> None:
+        super().__init__()
+        self._withdraw = withdraw
+
+    def cancel(self) -> bool:
+        if self.done() or not self._withdraw():
+            return False
+        return super().cancel()
+
+
+class Rendezvous:
+    """A table of FIFO channels keyed by string, in one shared-memory segment.
+
+    ``Rendezvous(name)`` attaches to the rendezvous ``name`` if it exists and
+    creates it otherwise (``create=True``: create or ``FileExistsError``;
+    ``create=False``: attach or ``FileNotFoundError``). ``size`` is the arena's
+    payload capacity in bytes (default 64 MiB; header and key index come on
+    top) and ``max_keys`` how many keys may be live at once (default scales
+    with size); both only matter when creating. The segment is created mode
+    0600 as ``/dev/shm/shmrdv-NAME`` and lives until ``unlink()``: messages
+    survive the processes that sent them.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        size: Optional[int] = None,
+        create: Optional[bool] = None,
+        max_keys: Optional[int] = None,
+    ) -> None:
+        self._h = None
+        if not isinstance(name, str):
+            raise InvalidType(f"name must be a str, not {type(name).__name__}")
+        if not _NAME_RE.match(name):
+            raise InvalidArgument(f"name must be 1..{lib.RDV_NAME_MAX} characters of [A-Za-z0-9._-]: {name!r}")
+        if create not in (None, True, False):
+            raise InvalidType(f"create must be None, True or False, not {create!r}")
+        req_size = None if size is None else _positive_int(size, "size")
+        arena = DEFAULT_SIZE if req_size is None else req_size
+        keys = max(1024, min(arena // 4096, 1 << 20)) if max_keys is None else _positive_int(max_keys, "max_keys")
+        self._name = name
+        self._path = SEGMENT_PREFIX + name
+        self._h = self._open(arena, keys, create)
+        self._capacity = int(lib.rdv_capacity(self._h))
+        if req_size is not None and not self._created and self._capacity != -(-req_size // 4096) * 4096:
+            self.close()
+            raise SegmentMismatch(f"rendezvous {name!r} exists with capacity {self._capacity}, not size={req_size}")
+        self._release = partial(lib.rdv_release_payload, self._h)
+        self._unref = partial(self._unref_payload, self._h)
+        self._pending: "weakref.WeakSet[_RecvFuture]" = weakref.WeakSet()
+
+    # ---- lifecycle ---------------------------------------------------------
+
+    def _open(self, arena: int, max_keys: int, create: Optional[bool]) -> Any:
+        out = ffi.new("rdv_t **")
+        deadline = time.monotonic() + _ATTACH_WAIT_S
+        while True:
+            if create is not False:
+                try:
+                    shm = posix_ipc.SharedMemory(self._path, posix_ipc.O_CREX, mode=0o600)
+                except posix_ipc.ExistentialError:
+                    if create:
+                        raise FileExistsError(errno.EEXIST, "rendezvous already exists", self._name) from None
+                else:
+                    try:
+                        rc = lib.rdv_create(shm.fd, arena, max_keys, out)
+                    finally:
+                        shm.close_fd()
+                    if rc < 0:
+                        posix_ipc.unlink_shared_memory(self._path)
+                        raise_rc(rc, f"creating rendezvous {self._name!r} ({arena} bytes)")
+                    self._created = True
+                    return out[0]
+            try:
+                shm = posix_ipc.SharedMemory(self._path)
+            except posix_ipc.ExistentialError:
+                if create is False:
+                    raise FileNotFoundError(errno.ENOENT, "no such rendezvous", self._name) from None
+                continue  # unlinked between our create and attach attempts
+            try:
+                rc = lib.rdv_attach(shm.fd, out)
+            finally:
+                shm.close_fd()
+            if rc == -errno.EAGAIN and time.monotonic() < deadline:
+                time.sleep(0.001)  # its creator is still initialising it
+                continue
+            if rc == -errno.EAGAIN:
+                raise SegmentMismatch(f"rendezvous {self._name!r} was never initialised by its creator")
+            if rc < 0:
+                raise_rc(rc, f"attaching to rendezvous {self._name!r}")
+            self._created = False
+            return out[0]
+
+    @property
+    def name(self) -> str:
+        """The rendezvous name (the segment is ``/dev/shm/shmrdv-NAME``)."""
+        return self._name
+
+    @property
+    def capacity(self) -> int:
+        """Arena size in bytes."""
+        return self._capacity
+
+    @property
+    def closed(self) -> bool:
+        return self._h is None
+
+    def close(self) -> None:
+        """Detach this handle; idempotent. Views and ``alloc`` buffers already
+        handed out stay valid until they are dropped; pending ``recv_async``
+        futures are cancelled. The segment stays (see ``unlink``)."""
+        h, self._h = self._h, None
+        if h is None:
+            return
+        for fut in list(self._pending):
+            fut.cancel()
+        lib.rdv_close(h)
+
+    def unlink(self) -> None:
+        """Remove the segment's name; idempotent. Processes still attached keep
+        their mapping; nothing remains under /dev/shm once all have closed."""
+        try:
+            posix_ipc.unlink_shared_memory(self._path)
+        except posix_ipc.ExistentialError:
+            pass
+
+    def __enter__(self) -> "Rendezvous":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_h", None) is not None:
+            warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=2)
+            self.close()
+
+    def __repr__(self) -> str:
+        if self._h is None:
+            state = "closed"
+        else:
+            state = "aborted" if self.stats().aborted else "open"
+        return f"<Rendezvous name={self._name!r} capacity={self._capacity} state={state}>"
+
+    def __reduce__(self) -> Tuple[Any, Tuple[str]]:
+        # A child process re-attaches by name instead of pickling a mapping.
+        return (partial(Rendezvous, create=False), (self._name,))
+
+    def _handle(self) -> Any:
+        h = self._h
+        if h is None:
+            raise RendezvousError(f"rendezvous {self._name!r} is closed")
+        return h
+
+    def _fail(self, rc: int, what: str) -> Any:
+        if rc == -errno.ECONNABORTED:
+            raise Aborted(self._abort_reason())
+        raise_rc(rc, what)
+
+    def _abort_reason(self) -> str:
+        buf = ffi.new("char[]", lib.RDV_REASON_MAX)
+        n = ffi.new("uint32_t *")
+        if self._h is None or lib.rdv_abort_reason(self._h, buf, lib.RDV_REASON_MAX, n) < 0:
+            return "aborted"
+        return ffi.unpack(buf, n[0]).decode("utf-8", "replace")
+
+    # ---- sending -----------------------------------------------------------
+
+    @staticmethod
+    def _sendable(array: object) -> np.ndarray:
+        try:
+            arr = np.asarray(array)
+        except (TypeError, ValueError) as exc:
+            raise InvalidType(f"cannot send {type(array).__name__}: {exc}") from exc
+        _dtype_code(arr.dtype)
+        return arr
+
+    def send(self, key: str, array: Any, *, timeout: Optional[float] = None) -> None:
+        """Queue a copy of ``array`` under ``key``; a later (or waiting) ``recv``
+        of the key in any process gets it. One copy, into shared memory.
+
+        Blocks only while the arena is full, up to ``timeout`` seconds (None:
+        forever), then raises ``RendezvousTimeout``. ``MessageTooLarge`` at once
+        if the message can never fit. Once this returns, the message survives
+        the sending process. Non-contiguous arrays are sent as C-contiguous."""
+        kb = _key_bytes(key)
+        t = _timeout_ns(timeout)
+        arr = self._sendable(array)
+        h = self._handle()
+        code = _dtype_code(arr.dtype)
+        shape = arr.shape
+        dims = ffi.new("int64_t[]", shape + _c_strides(shape, arr.dtype.itemsize))
+        ndim = len(shape)
+        if ndim > lib.RDV_NDIM_MAX:
+            raise InvalidArgument(f"array has {ndim} dimensions, at most {lib.RDV_NDIM_MAX} are supported")
+        if arr.flags.c_contiguous:
+            if arr.dtype.kind in "mM":  # no buffer protocol for datetimes: send their int64 bits
+                arr = arr.view(np.int64)
+            src = ffi.from_buffer(arr)
+            rc = lib.rdv_send(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, src, arr.nbytes, t)
+            if rc < 0:
+                self._fail(rc, f"send {key!r}")
+            return
+        with self._reserve(h, kb, code, dims, ndim, arr.nbytes, t, f"send {key!r}") as (pos, payload):
+            dst = np.frombuffer(ffi.buffer(payload, arr.nbytes), dtype=arr.dtype).reshape(shape)
+            np.copyto(dst, arr)
+            self._commit(h, pos, key)
+
+    @contextmanager
+    def _reserve(self, h: Any, kb: bytes, code: bytes, dims: Any, ndim: int, nbytes: int, t: int, what: str) -> Iterator[Tuple[int, Any]]:
+        """Reserve a block; discard it unless the body commits it."""
+        pos = ffi.new("uint64_t *")
+        payload = ffi.new("void **")
+        rc = lib.rdv_send_begin(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, nbytes, t, pos, payload)
+        if rc < 0:
+            self._fail(rc, what)
+        state = {"committed": False}
+        try:
+            yield pos[0], ffi.gc(payload[0], self._unref)
+            state["committed"] = True
+        finally:
+            if not state["committed"]:
+                lib.rdv_send_discard(h, pos[0])
+
+    def _commit(self, h: Any, pos: int, key: str) -> None:
+        rc = lib.rdv_send_commit(h, pos)
+        if rc < 0:
+            self._fail(rc, f"send {key!r}")
+
+    @staticmethod
+    def _unref_payload(h: Any, _payload: Any) -> None:
+        lib.rdv_unref(h)
+
+    @contextmanager
+    def alloc(self, key: str, shape: Any, dtype: Any, *, timeout: Optional[float] = None) -> Iterator[np.ndarray]:
+        """Zero-copy producer: yields a writable array inside shared memory.
+
+        On clean exit of the ``with`` block the array is published under
+        ``key`` exactly as ``send`` would; on an exception its space is freed
+        and nothing is sent. Do not write to the array after the block ends.
+        Blocks like ``send`` while the arena is full."""
+        kb = _key_bytes(key)
+        t = _timeout_ns(timeout)
+        try:
+            dt = np.dtype(dtype)
+            shp = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        except (TypeError, ValueError) as exc:
+            raise InvalidType(f"bad shape or dtype for alloc: {exc}") from exc
+        if any(n < 0 for n in shp):
+            raise InvalidArgument(f"shape must be non-negative: {shp}")
+        if len(shp) > lib.RDV_NDIM_MAX:
+            raise InvalidArgument(f"array has {len(shp)} dimensions, at most {lib.RDV_NDIM_MAX} are supported")
+        code = _dtype_code(dt)
+        nbytes = int(np.prod(shp, dtype=np.uint64)) * dt.itemsize if shp else dt.itemsize
+        h = self._handle()
+        dims = ffi.new("int64_t[]", shp + _c_strides(shp, dt.itemsize))
+        with self._reserve(h, kb, code, dims, len(shp), nbytes, t, f"alloc {key!r}") as (pos, payload):
+            buf = np.frombuffer(ffi.buffer(payload, nbytes), dtype=dt).reshape(shp)
+            yield buf
+            self._commit(h, pos, key)
+
+    # ---- receiving ---------------------------------------------------------
+
+    def _view(self, info: Any) -> np.ndarray:
+        dtype = _dtype_of(ffi.unpack(info.dtype, info.dtype_len))
+        ndim = info.ndim
+        shape = tuple(ffi.unpack(info.shape, ndim))
+        strides = tuple(ffi.unpack(info.strides, ndim))
+        nbytes = info.nbytes
+        payload = ffi.gc(info.payload, self._release, size=nbytes)
+        try:
+            mem = memoryview(ffi.buffer(payload, nbytes)).toreadonly()
+            return np.ndarray(shape, dtype=dtype, buffer=mem, strides=strides)
+        except (TypeError, ValueError) as exc:
+            raise SegmentMismatch(f"message metadata does not match its payload: {exc}") from exc
+
+    def _recv(self, key: str, timeout: Optional[float], cancel: Any) -> Optional[np.ndarray]:
+        kb = _key_bytes(key)
+        t = _timeout_ns(timeout)
+        h = self._handle()
+        info = ffi.new("struct rdv_msg_info *")
+        deadline = None if t <= 0 else time.monotonic_ns() + t
+        while True:
+            rc = lib.rdv_recv(h, kb, len(kb), t, cancel, info)
+            if rc == 0:
+                return self._view(info)
+            if rc == -errno.EINTR:  # a signal: its Python handler runs (and may raise) here
+                if deadline is not None:
+                    t = max(0, deadline - time.monotonic_ns())
+                continue
+            if rc == -errno.EAGAIN and t == 0:
+                return None
+            if rc == -errno.ECANCELED:
+                return None
+            self._fail(rc, f"recv {key!r}")
+
+    def recv(self, key: str, *, timeout: Optional[float] = None) -> np.ndarray:
+        """Take the oldest message under ``key``, waiting for one if none is
+        queued: up to ``timeout`` seconds (None: forever), then
+        ``RendezvousTimeout``. A spinning-then-sleeping wait: a receiver that
+        keeps waiting sleeps in the kernel and uses no CPU.
+
+        Returns a read-only view into shared memory with the sent dtype and
+        shape. It stays valid, its bytes untouched, while it or any view
+        derived from it is alive; its space returns to the arena after."""
+        view = self._recv(key, timeout, ffi.NULL)
+        assert view is not None
+        return view
+
+    def try_recv(self, key: str) -> Optional[np.ndarray]:
+        """Like ``recv`` but never blocks: the view, or None when nothing is queued."""
+        return self._recv(key, 0, ffi.NULL)
+
+    def recv_async(self, key: str) -> "Future[np.ndarray]":
+        """Start a ``recv`` in the background; returns a ``concurrent.futures.Future``.
+        ``cancel()`` withdraws the waiter: it returns True and the next message
+        stays queued, or False if a message was already taken (then the future
+        resolves with it)."""
+        kb = _key_bytes(key)
+        h = self._handle()
+        cancel = ffi.new("uint32_t *")
+        fut = _RecvFuture(lambda: lib.rdv_cancel(h, kb, len(kb), cancel) == 0)
+        self._pending.add(fut)
+
+        def run() -> None:
+            try:
+                view = self._recv(key, None, cancel)
+            except BaseException as exc:  # delivered to the waiter, not lost in a thread
+                if not fut.cancelled():
+                    fut.set_exception(exc)
+                return
+            if view is not None:
+                fut.set_result(view)
+
+        threading.Thread(target=run, name=f"shmrdv-recv-{key[:40]}", daemon=True).start()
+        return fut
+
+    # ---- control -----------------------------------------------------------
+
+    def abort(self, reason: str) -> None:
+        """Abort the rendezvous for every attached process: pending and future
+        ``send``/``recv`` raise ``Aborted(reason)``; queued messages are freed.
+        Views already received stay valid. The first reason given wins."""
+        if not isinstance(reason, str):
+            raise InvalidType(f"reason must be a str, not {type(reason).__name__}")
+        rb = reason.encode("utf-8")[: lib.RDV_REASON_MAX]
+        rc = lib.rdv_abort(self._handle(), rb, len(rb))
+        if rc < 0:
+            raise_rc(rc, "abort")
+
+    def stats(self) -> Stats:
+        """A snapshot of queued messages, keys, waiters and arena use."""
+        out = ffi.new("struct rdv_stats *")
+        rc = lib.rdv_stats(self._handle(), out)
+        if rc < 0:
+            raise_rc(rc, "stats")
+        return Stats(
+            pending_messages=out.pending_messages,
+            keys=out.keys,
+            waiters=out.waiters,
+            bytes_used=out.bytes_used,
+            bytes_free=out.bytes_free,
+            capacity=out.capacity,
+            max_keys=out.max_keys,
+            aborted=bool(out.aborted),
+        )
