@@ -1,6 +1,7 @@
 """``Rendezvous``: send and receive numpy tensors by key through one POSIX
 shared-memory segment shared by every process that opens the same name."""
 import errno
+import os
 import re
 import threading
 import time
@@ -64,7 +65,7 @@ _code_dtypes: Dict[bytes, np.dtype] = {}
 def _dtype_code(dtype: np.dtype) -> bytes:
     code = _dtype_codes.get(dtype)
     if code is None:
-        if dtype.kind not in _DTYPE_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+        if dtype.kind not in _DTYPE_KINDS or dtype.fields is not None or dtype.subdtype is not None or dtype.itemsize == 0:
             raise InvalidType(f"dtype {dtype} cannot be sent: only numeric, bool, datetime, timedelta and fixed-width string dtypes")
         code = dtype.str.encode("ascii")
         if len(code) > lib.RDV_DTYPE_MAX:
@@ -93,6 +94,17 @@ def _c_strides(shape: Tuple[int, ...], itemsize: int) -> Tuple[int, ...]:
         strides.append(step)
         step *= max(n, 1)
     return tuple(reversed(strides))
+
+
+def _no_space_message(name: str, arena: int) -> str:
+    try:
+        st = os.statvfs("/dev/shm")
+        free = f"{st.f_bavail * st.f_frsize} bytes free"
+    except OSError:
+        free = "free space unknown"
+    return (f"cannot create rendezvous {name!r}: /dev/shm has no room for its {arena}-byte arena "
+            f"plus index ({free}); free space there or enlarge it (docker --shm-size, "
+            f"a memory-backed emptyDir in Kubernetes)")
 
 
 class _RecvFuture(Future):  # type: ignore[type-arg]
@@ -170,6 +182,8 @@ class Rendezvous:
                         shm.close_fd()
                     if rc < 0:
                         posix_ipc.unlink_shared_memory(self._path)
+                        if rc == -errno.ENOSPC:
+                            raise RendezvousError(_no_space_message(self._name, arena))
                         raise_rc(rc, f"creating rendezvous {self._name!r} ({arena} bytes)")
                     self._created = True
                     return out[0]
@@ -367,16 +381,18 @@ class Rendezvous:
         dtype = _dtype_of(ffi.unpack(info.dtype, info.dtype_len))
         ndim = info.ndim
         shape = tuple(ffi.unpack(info.shape, ndim))
-        strides = tuple(ffi.unpack(info.strides, ndim))
         nbytes = info.nbytes
         payload = ffi.gc(info.payload, self._release, size=nbytes)
-        try:
-            mem = memoryview(ffi.buffer(payload, nbytes)).toreadonly()
-            return np.ndarray(shape, dtype=dtype, buffer=mem, strides=strides)
-        except (TypeError, ValueError) as exc:
-            raise SegmentMismatch(f"message metadata does not match its payload: {exc}") from exc
+        # Everything read from shared memory is checked before it shapes a view.
+        if any(n < 0 for n in shape) or tuple(ffi.unpack(info.strides, ndim)) != _c_strides(shape, dtype.itemsize) \
+                or int(np.prod(shape, dtype=np.uint64)) * dtype.itemsize != nbytes:
+            raise SegmentMismatch(f"message metadata does not match its payload: shape {shape}, {nbytes} bytes of {dtype}")
+        # frombuffer on a read-only memoryview: the flag cannot be turned back on.
+        mem = memoryview(ffi.buffer(payload, nbytes)).toreadonly()
+        return np.frombuffer(mem, dtype=dtype).reshape(shape)
 
-    def _recv(self, key: str, timeout: Optional[float], cancel: Any) -> Optional[np.ndarray]:
+    def _recv(self, key: str, timeout: Optional[float], cancel: Any, empty_ok: bool = False) -> Optional[np.ndarray]:
+        """A view; None if cancelled, or if empty_ok and nothing is queued."""
         kb = _key_bytes(key)
         t = _timeout_ns(timeout)
         h = self._handle()
@@ -390,7 +406,7 @@ class Rendezvous:
                 if deadline is not None:
                     t = max(0, deadline - time.monotonic_ns())
                 continue
-            if rc == -errno.EAGAIN and t == 0:
+            if rc == -errno.EAGAIN and empty_ok:
                 return None
             if rc == -errno.ECANCELED:
                 return None
@@ -406,12 +422,12 @@ class Rendezvous:
         shape. It stays valid, its bytes untouched, while it or any view
         derived from it is alive; its space returns to the arena after."""
         view = self._recv(key, timeout, ffi.NULL)
-        assert view is not None
+        assert view is not None  # only a cancelled recv_async returns None
         return view
 
     def try_recv(self, key: str) -> Optional[np.ndarray]:
         """Like ``recv`` but never blocks: the view, or None when nothing is queued."""
-        return self._recv(key, 0, ffi.NULL)
+        return self._recv(key, 0, ffi.NULL, empty_ok=True)
 
     def recv_async(self, key: str) -> "Future[np.ndarray]":
         """Start a ``recv`` in the background; returns a ``concurrent.futures.Future``.
