@@ -147,6 +147,7 @@ static int pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len,
     memcpy(out->shape, dims, 8ull * ndim);
     memcpy(out->strides, dims + ndim, 8ull * ndim);
 
+    rdv_arena_mark_delivered(h, pos);
     s->q_head = m->next;
     if (s->q_head == 0)
         s->q_tail = 0;
@@ -316,7 +317,8 @@ static int do_stats(rdv_t *h, struct rdv_stats *out) {
     }
     uint64_t hd = smp_load_acquire(&h->khdr->c_head);
     uint64_t t = READ_ONCE(h->khdr->p_tail);
-    out->bytes_used = t - hd <= h->cap ? t - hd : h->cap;
+    uint64_t used = (t - hd) + rdv_arena_island_bytes(h);
+    out->bytes_used = used <= h->cap ? used : h->cap;
     out->bytes_free = h->cap - out->bytes_used;
     out->capacity = h->cap;
     out->max_keys = h->khdr->max_keys;
@@ -330,14 +332,12 @@ static int do_release_payload(rdv_t *h, void *payload) {
     uint8_t *p = payload;
     if (p < h->karena + RDV_GRANULE || p > h->karena + 2 * h->cap)
         return -EINVAL;
-    uint64_t pos, len;
+    uint64_t pos;
     memcpy(&pos, p - 8, 8);
-    if (rdv_arena_check_busy(h, pos, &len) < 0)
-        return -EINVAL;
     const struct rdv_msg *m = rdv_msg_at(h, pos);
-    if ((uint8_t *)m + m->payload_off != p)
+    if (pos % RDV_GRANULE || (uint8_t *)m + m->payload_off != p)
         return -EINVAL;
-    return rdv_arena_free(h, pos);
+    return rdv_arena_free(h, pos); /* checks that pos is a block we may free */
 }
 
 /* ---- public entry points: each holds a reference on the mapping for the

@@ -20,7 +20,8 @@
 #define RDV_PAGE 4096u
 #define RDV_LINE 64u
 #define RDV_GRANULE 64u /* arena allocation unit and payload alignment */
-#define RDV_MAX_ARENA (1ULL << 36) /* 64 GiB: block lengths fit the side table */
+#define RDV_MAX_ARENA ((1ULL << 36) - RDV_PAGE) /* block lengths fit the side table */
+#define RDV_MAX_ISLANDS 64
 
 /* ---- header (page 0) ---------------------------------------------------- */
 
@@ -61,6 +62,15 @@ struct rdv_header {
     uint8_t pad4[RDV_LINE - 8];
 
     char abort_reason[RDV_REASON_MAX];
+
+    /* Islands: received blocks still held by a view that the ring head has
+     * stepped over so one long-held view does not stall the arena. Each is
+     * one word: valid bit 63 | offset in granules << 30 | length in granules.
+     * Allocators read them lock-free and skip over them; pinning and
+     * releasing a pinned block take island_lock. */
+    uint32_t island_lock;
+    uint32_t pad5;
+    uint64_t islands[RDV_MAX_ISLANDS];
 };
 
 _Static_assert(offsetof(struct rdv_header, hash_seed) == 1 * RDV_LINE, "line 1");
@@ -68,6 +78,7 @@ _Static_assert(offsetof(struct rdv_header, p_tail) == 2 * RDV_LINE, "line 2");
 _Static_assert(offsetof(struct rdv_header, c_head) == 3 * RDV_LINE, "line 3");
 _Static_assert(offsetof(struct rdv_header, abort_state) == 4 * RDV_LINE, "line 4");
 _Static_assert(offsetof(struct rdv_header, abort_reason) == 5 * RDV_LINE, "reason");
+_Static_assert(offsetof(struct rdv_header, islands) == 5 * RDV_LINE + RDV_REASON_MAX + 8, "islands");
 _Static_assert(sizeof(struct rdv_header) <= RDV_PAGE, "header fits page 0");
 
 /* ---- key index slot -------------------------------------------------------
@@ -118,10 +129,12 @@ _Static_assert(sizeof(struct rdv_msg) == RDV_LINE, "message header is one line")
 _Static_assert(offsetof(struct rdv_msg, dtype) == 32, "dtype offset");
 
 /* Side table entry, one per arena granule; nonzero only at the first granule
- * of a block between c_head and p_tail: length in granules, plus FREE once
- * its owner is done with it. */
+ * of a block between c_head and p_tail: length in granules, plus DELIVERED
+ * once a receiver holds it, plus FREE once its owner is done with it. */
 #define RDV_SIDE_FREE 0x80000000u
-#define RDV_SIDE_LEN(v) ((v) & 0x7fffffffu)
+#define RDV_SIDE_DELIVERED 0x40000000u
+#define RDV_SIDE_LEN(v) ((v) & 0x3fffffffu)
+#define RDV_ISLAND_VALID (1ULL << 63)
 
 /* ---- process-local handle --------------------------------------------------*/
 
@@ -137,6 +150,7 @@ struct rdv {
     int64_t spin_ns;    /* adaptive spin budget before a futex sleep (racy hint) */
     int64_t refs;       /* the owner's + one per call in flight + one per live payload */
     uint32_t closed;
+    struct rdv *next_retired;
 };
 
 /* rdv_segment.c: references on a handle's mapping. A handle struct is never
@@ -157,6 +171,8 @@ void rdv_hash_key(const rdv_t *h, const char *key, uint32_t len, uint64_t *h1, u
 /* rdv_arena.c */
 int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos);
 int rdv_arena_free(rdv_t *h, uint64_t pos);
+void rdv_arena_mark_delivered(rdv_t *h, uint64_t pos);
+uint64_t rdv_arena_island_bytes(rdv_t *h);
 int rdv_arena_check_busy(rdv_t *h, uint64_t pos, uint64_t *len);
 static inline uint64_t rdv_granule_of(const rdv_t *h, uint64_t pos) {
     return (pos % h->cap) / RDV_GRANULE;

@@ -148,11 +148,16 @@ int rdv_attach(int fd, rdv_t **out) {
     return map_segment(fd, &l, out);
 }
 
+/* Closed handles stay allocated (see rdv_get) and reachable from here. */
+static rdv_t *retired;
+
 void rdv_close(rdv_t *h) {
     uint32_t open_ = 0;
     if (h && __atomic_compare_exchange_n(&h->closed, &open_, 1, 0, __ATOMIC_RELAXED,
-                                         __ATOMIC_RELAXED))
+                                         __ATOMIC_RELAXED)) {
+        h->next_retired = __atomic_exchange_n(&retired, h, __ATOMIC_RELAXED);
         rdv_put(h);
+    }
 }
 
 uint64_t rdv_capacity(rdv_t *h) { return h->cap; }

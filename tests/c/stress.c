@@ -1,0 +1,186 @@
+/* Multi-process stress test of the C core, built with
+ * -fsanitize=address,undefined by tests/test_c_core.py.
+ *
+ * PRODUCERS processes send MESSAGES messages each, of random sizes, over KEYS
+ * keys round-robin; CONSUMERS processes split the keys among themselves and
+ * take whatever is queued on theirs (a consumer that blocked on one key could
+ * wait for a message that cannot be sent while the arena is full of the
+ * others': a bounded buffer's deadlock, not the core's), holding a random few
+ * views for a while so the ring wraps around held blocks, and verify every
+ * payload. The parent checks that the sum of checksums sent equals the
+ * sum received and that the arena is empty at the end. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "shmrdv.h"
+
+#define PRODUCERS 2
+#define CONSUMERS 2
+#define KEYS 16
+#define MESSAGES 20000
+#define MAX_WORDS 2048 /* up to 16 KiB payloads */
+#define HOLD 4         /* views a consumer keeps at once */
+#define TIMEOUT_NS (20LL * 1000000000)
+
+static uint64_t rng(uint64_t *s) {
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return *s;
+}
+
+static rdv_t *current; /* for the state report when something fails */
+
+static void die(const char *what, int rc) {
+    fprintf(stderr, "stress: %s failed: %d (%s)\n", what, rc, strerror(-rc));
+    struct rdv_stats st;
+    if (current && rdv_stats(current, &st) == 0)
+        fprintf(stderr, "stress: pending %llu, keys %llu, waiters %llu, used %llu of %llu\n",
+                (unsigned long long)st.pending_messages, (unsigned long long)st.keys,
+                (unsigned long long)st.waiters, (unsigned long long)st.bytes_used,
+                (unsigned long long)st.capacity);
+    exit(1);
+}
+
+static rdv_t *attach(const char *name) {
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0)
+        die("shm_open", -errno);
+    rdv_t *h;
+    int rc = rdv_attach(fd, &h);
+    close(fd);
+    if (rc)
+        die("attach", rc);
+    return current = h;
+}
+
+static void key_name(char *buf, int k) { snprintf(buf, 64, "/job:stress/task:0;key-%d;0:0", k); }
+
+/* Every producer sends its message i to key i % KEYS. */
+static int messages_on_key(int k) { return PRODUCERS * (MESSAGES / KEYS + (k < MESSAGES % KEYS)); }
+
+static uint64_t produce(const char *name, int id) {
+    rdv_t *h = attach(name);
+    uint64_t seed = 0x9e3779b97f4a7c15ULL * (id + 1), sum = 0;
+    static uint64_t words[MAX_WORDS];
+    for (int i = 0; i < MESSAGES; i++) {
+        uint32_t n = 2 + rng(&seed) % (MAX_WORDS - 2);
+        words[0] = n;
+        uint64_t x = 0;
+        for (uint32_t j = 1; j < n - 1; j++)
+            x += words[j] = rng(&seed);
+        words[n - 1] = x; /* checksum of the middle words */
+        sum += x;
+        char key[64];
+        key_name(key, i % KEYS);
+        int64_t shape[1] = {n}, strides[1] = {8};
+        int rc = rdv_send(h, key, strlen(key), "<u8", 3, 1, shape, strides, words, 8ull * n,
+                          TIMEOUT_NS);
+        if (rc)
+            die("send", rc);
+    }
+    rdv_close(h);
+    return sum;
+}
+
+static uint64_t consume(const char *name, int id) {
+    rdv_t *h = attach(name);
+    uint64_t sum = 0, seed = 77 + id;
+    void *held[HOLD] = {0};
+    int remaining[KEYS], left = 0;
+    for (int k = id; k < KEYS; k += CONSUMERS)
+        left += remaining[k] = messages_on_key(k);
+    while (left > 0) {
+        int took = 0;
+        for (int k = id; k < KEYS; k += CONSUMERS) {
+            if (!remaining[k])
+                continue;
+            char key[64];
+            key_name(key, k);
+            struct rdv_msg_info info;
+            /* never block on one key while another's messages fill the arena */
+            int rc = rdv_recv(h, key, strlen(key), took ? 0 : 1000000, NULL, &info);
+            if (rc == -EAGAIN || rc == -ETIMEDOUT)
+                continue;
+            if (rc)
+                die("recv", rc);
+            const uint64_t *w = info.payload;
+            uint64_t n = w[0], x = 0;
+            if (info.nbytes != 8 * n || info.ndim != 1 || info.shape[0] != (int64_t)n)
+                die("message shape", -EBADMSG);
+            for (uint64_t j = 1; j < n - 1; j++)
+                x += w[j];
+            if (x != w[n - 1])
+                die("payload checksum", -EBADMSG);
+            sum += x;
+            int slot = rng(&seed) % HOLD; /* keep this view, drop an older one */
+            if (held[slot] && (rc = rdv_release_payload(h, held[slot])))
+                die("release", rc);
+            held[slot] = info.payload;
+            remaining[k]--, left--, took++;
+        }
+    }
+    for (int i = 0; i < HOLD; i++)
+        if (held[i])
+            rdv_release_payload(h, held[i]);
+    rdv_close(h);
+    return sum;
+}
+
+int main(void) {
+    char name[64];
+    snprintf(name, sizeof name, "/shmrdv-t-cstress-%d", getpid());
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        die("shm_open", -errno);
+    rdv_t *h;
+    int rc = rdv_create(fd, 2 << 20, 1024, &h); /* 2 MiB: the ring wraps many times */
+    close(fd);
+    if (rc)
+        die("create", rc);
+
+    int pipes[PRODUCERS + CONSUMERS][2];
+    pid_t pids[PRODUCERS + CONSUMERS];
+    for (int i = 0; i < PRODUCERS + CONSUMERS; i++) {
+        if (pipe(pipes[i]) < 0 || (pids[i] = fork()) < 0)
+            die("fork", -errno);
+        if (pids[i] == 0) {
+            alarm(60); /* never hang */
+            uint64_t sum = i < PRODUCERS ? produce(name, i) : consume(name, i - PRODUCERS);
+            if (write(pipes[i][1], &sum, 8) != 8)
+                _exit(1);
+            _exit(0);
+        }
+        close(pipes[i][1]);
+    }
+    uint64_t sent = 0, received = 0;
+    int failed = 0;
+    for (int i = 0; i < PRODUCERS + CONSUMERS; i++) {
+        uint64_t sum = 0;
+        int status;
+        if (read(pipes[i][0], &sum, 8) != 8)
+            failed = 1;
+        waitpid(pids[i], &status, 0);
+        failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+        *(i < PRODUCERS ? &sent : &received) += sum;
+    }
+    struct rdv_stats st;
+    rdv_stats(h, &st);
+    printf("stress: %d messages, sent sum %llx, received sum %llx, pending %llu, bytes used %llu\n",
+           PRODUCERS * MESSAGES, (unsigned long long)sent, (unsigned long long)received,
+           (unsigned long long)st.pending_messages, (unsigned long long)st.bytes_used);
+    rdv_close(h);
+    shm_unlink(name);
+    if (failed || sent != received || st.pending_messages || st.bytes_used || st.keys) {
+        fprintf(stderr, "stress: FAILED\n");
+        return 1;
+    }
+    return 0;
+}

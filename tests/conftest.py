@@ -1,0 +1,115 @@
+"""Fixtures shared by the shmrdv tests: unique segment names, guaranteed unlink, spawned children."""
+
+import glob
+import multiprocessing
+import os
+import time
+import uuid
+
+import pytest
+
+import shmrdv
+
+MiB = 1 << 20
+SHM_DIR = "/dev/shm"
+# Every segment this session creates carries this prefix, so leftovers can be found at the end.
+SESSION_PREFIX = f"t-{os.getpid()}-"
+CHILD_JOIN_TIMEOUT = 60.0
+
+
+def segment_path(name: str) -> str:
+    return os.path.join(SHM_DIR, f"shmrdv-{name}")
+
+
+def _new_name() -> str:
+    return f"{SESSION_PREFIX}{uuid.uuid4().hex[:8]}"
+
+
+def _remove_segment(name: str) -> None:
+    try:
+        os.unlink(segment_path(name))
+    except FileNotFoundError:
+        pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_segments():
+    """Fail the session loudly if any segment created by it is still in /dev/shm."""
+    yield
+    leaked = sorted(glob.glob(os.path.join(SHM_DIR, f"*{SESSION_PREFIX}*")))
+    for path in leaked:
+        os.unlink(path)
+    if leaked:
+        pytest.fail(f"shared-memory entries leaked by this test session: {leaked}")
+
+
+@pytest.fixture
+def rdv_name():
+    """A name no other test uses; its segment is removed afterwards whatever the test did."""
+    name = _new_name()
+    yield name
+    _remove_segment(name)
+
+
+@pytest.fixture
+def rdv(rdv_name):
+    """A fresh 4 MiB rendezvous, closed and unlinked afterwards."""
+    rendezvous = shmrdv.Rendezvous(rdv_name, size=4 * MiB, create=True)
+    yield rendezvous
+    rendezvous.close()
+    rendezvous.unlink()
+
+
+@pytest.fixture(scope="module")
+def module_rdv():
+    """One 4 MiB rendezvous shared by every test of a module (e.g. across hypothesis examples)."""
+    name = _new_name()
+    try:
+        rendezvous = shmrdv.Rendezvous(name, size=4 * MiB, create=True)
+        yield rendezvous
+        rendezvous.close()
+        rendezvous.unlink()
+    finally:
+        _remove_segment(name)
+
+
+class Children:
+    """Processes started with the "spawn" method that never outlive the test that started them."""
+
+    def __init__(self):
+        self.context = multiprocessing.get_context("spawn")
+        self._processes = []
+
+    def start(self, target, *args):
+        process = self.context.Process(target=target, args=args, daemon=True)
+        process.start()
+        self._processes.append(process)
+        return process
+
+    def join(self, timeout: float = CHILD_JOIN_TIMEOUT) -> None:
+        """Wait for every child; fail if one is still running after `timeout` or exited non-zero."""
+        deadline = time.monotonic() + timeout
+        for process in self._processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        hung = [p.name for p in self._processes if p.is_alive()]
+        self.kill_all()
+        assert not hung, f"children still running after {timeout}s: {hung}"
+        exit_codes = {p.name: p.exitcode for p in self._processes}
+        assert all(code == 0 for code in exit_codes.values()), f"child exit codes: {exit_codes}"
+
+    def kill_all(self) -> None:
+        for process in self._processes:
+            if process.is_alive():
+                process.terminate()
+                process.join(5)
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+
+
+@pytest.fixture
+def children():
+    """Start children with children.start(fn, *args); survivors are killed at teardown."""
+    spawned = Children()
+    yield spawned
+    spawned.kill_all()

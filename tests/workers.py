@@ -1,0 +1,176 @@
+"""Child-process bodies for the multi-process tests (module level, so "spawn" can import them).
+
+Children attach with create=False, pass a timeout to every blocking call, and report through a
+multiprocessing queue or their exit code; an unexpected exception gives a non-zero exit code.
+"""
+
+import os
+import random
+import time
+import zlib
+
+import numpy as np
+
+import shmrdv
+
+CHILD_TIMEOUT = 30.0
+
+
+def payload(seed: int, nbytes: int) -> np.ndarray:
+    """Deterministic bytes, so sender and checker can rebuild the same tensor independently."""
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def checksum(array: np.ndarray) -> int:
+    return zlib.crc32(array.tobytes())
+
+
+def recv_one(name, key, queue):
+    """Report "ready", block in recv, then report shape, dtype and checksum of what arrived."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    queue.put("ready")
+    view = rdv.recv(key, timeout=CHILD_TIMEOUT)
+    queue.put((view.shape, view.dtype.str, checksum(view)))
+
+
+def send_one_and_exit(name, key, seed, nbytes):
+    rdv = shmrdv.Rendezvous(name, create=False)
+    rdv.send(key, payload(seed, nbytes), timeout=CHILD_TIMEOUT)
+    # Leave without closing or any interpreter cleanup: the tensor must outlive its sender.
+    os._exit(0)
+
+
+def send_counter(name, key, count):
+    rdv = shmrdv.Rendezvous(name, create=False)
+    for i in range(count):
+        rdv.send(key, np.array(i, dtype=np.int64), timeout=CHILD_TIMEOUT)
+    rdv.close()
+
+
+def recv_expect_abort(name, key, queue):
+    """Block in recv; report the abort reason, or None if a message arrived instead."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    queue.put("ready")
+    try:
+        rdv.recv(key, timeout=CHILD_TIMEOUT)
+    except shmrdv.Aborted as error:
+        queue.put(error.reason)
+        return
+    queue.put(None)
+
+
+# --- stress: producers and consumers over many keys -------------------------------------------
+
+def stress_key(index: int) -> str:
+    return f"stress/{index}"
+
+
+def stress_plan(producer: int, n_messages: int, n_keys: int) -> list[tuple[int, int]]:
+    """(key index, element count) of every message `producer` sends, in sending order."""
+    rng = random.Random(producer)
+    return [(rng.randrange(n_keys), rng.randint(2, 1024)) for _ in range(n_messages)]
+
+
+def stress_message(producer: int, seq: int, n_elements: int) -> np.ndarray:
+    """int64 tensor whose first two elements identify it; the rest is filler."""
+    message = np.random.default_rng((producer, seq)).integers(-(2**62), 2**62, n_elements)
+    message[:2] = (producer, seq)
+    return message
+
+
+def stress_producer(name, producer, n_messages, n_keys, barrier, queue):
+    rdv = shmrdv.Rendezvous(name, create=False)
+    barrier.wait(CHILD_TIMEOUT)
+    checksum_total = 0
+    for seq, (key_index, n_elements) in enumerate(stress_plan(producer, n_messages, n_keys)):
+        message = stress_message(producer, seq, n_elements)
+        checksum_total += checksum(message)
+        rdv.send(stress_key(key_index), message, timeout=CHILD_TIMEOUT)
+    queue.put(("producer", checksum_total))
+
+
+def stress_consumer(name, consumer, n_consumers, n_producers, n_messages, n_keys, barrier, queue):
+    """Take this consumer's share of every key (consumers compete on each key) and report the ids
+    and checksums received, and any message that arrived before an earlier one of its producer."""
+    per_key = [0] * n_keys
+    for producer in range(n_producers):
+        for key_index, _ in stress_plan(producer, n_messages, n_keys):
+            per_key[key_index] += 1
+    rdv = shmrdv.Rendezvous(name, create=False)
+    barrier.wait(CHILD_TIMEOUT)
+    received, fifo_violations, checksum_total = [], [], 0
+    for key_index, count in enumerate(per_key):
+        share = count // n_consumers + (consumer < count % n_consumers)
+        last_seq = {}
+        for _ in range(share):
+            view = rdv.recv(stress_key(key_index), timeout=CHILD_TIMEOUT)
+            producer, seq = int(view[0]), int(view[1])
+            if seq <= last_seq.get(producer, -1):
+                fifo_violations.append((key_index, producer, seq))
+            last_seq[producer] = seq
+            received.append((producer, seq))
+            checksum_total += checksum(view)
+            del view
+    queue.put(("consumer", checksum_total, received, fifo_violations))
+
+
+# --- arena reclamation -------------------------------------------------------------------------
+
+def stream_sizes(arena: int, rounds: int) -> list[int]:
+    """Random sizes of 64-256 KiB adding up to at least `rounds` times the arena."""
+    rng = random.Random(0)
+    sizes = []
+    while sum(sizes) < rounds * arena:
+        sizes.append(rng.randint(64 << 10, 256 << 10))
+    return sizes
+
+
+def send_stream(name, key, sizes):
+    rdv = shmrdv.Rendezvous(name, create=False)
+    for seed, nbytes in enumerate(sizes):
+        rdv.send(key, payload(seed, nbytes), timeout=CHILD_TIMEOUT)
+    rdv.close()
+
+
+def hold_then_release(name, key, count, release, queue):
+    """Receive `count` messages and keep their views until `release`, then receive one more."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    views = [rdv.recv(key, timeout=CHILD_TIMEOUT) for _ in range(count)]
+    queue.put([checksum(view) for view in views])
+    if not release.wait(CHILD_TIMEOUT):
+        raise TimeoutError("parent never released the views")
+    time.sleep(0.3)  # give the parent's send time to block on the full arena
+    del views
+    last = rdv.recv(key, timeout=CHILD_TIMEOUT)
+    queue.put(checksum(last))
+
+
+# --- zero copy ---------------------------------------------------------------------------------
+
+def send_arange(name, key, n_elements, done):
+    """Send arange(n) as uint32 and keep the mapping until `done`: the receiver must then see the
+    pages as shared with us, so any growth in its private memory is a copy of its own."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    rdv.send(key, np.arange(n_elements, dtype=np.uint32), timeout=CHILD_TIMEOUT)
+    if not done.wait(CHILD_TIMEOUT):
+        raise TimeoutError("parent never said done")
+
+
+def _memory_kib() -> tuple[int, int]:
+    """(USS, RssAnon) of this process in KiB."""
+    with open("/proc/self/smaps_rollup") as rollup:
+        uss = sum(int(line.split()[1]) for line in rollup if line.startswith(("Private_Clean:", "Private_Dirty:")))
+    with open("/proc/self/status") as status:
+        rss_anon = next(int(line.split()[1]) for line in status if line.startswith("RssAnon:"))
+    return uss, rss_anon
+
+
+def recv_and_measure(name, key, queue):
+    """Receive, touch every page, and report the growth of USS and RssAnon with the array's sum."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    uss_before, anon_before = _memory_kib()
+    view = rdv.recv(key, timeout=CHILD_TIMEOUT)
+    total = int(view.sum(dtype=np.uint64))
+    uss_after, anon_after = _memory_kib()
+    queue.put({"uss_growth_kib": uss_after - uss_before, "anon_growth_kib": anon_after - anon_before,
+               "sum": total, "size": view.size})
