@@ -1,6 +1,7 @@
 """``Rendezvous``: send and receive numpy tensors by key through one POSIX
 shared-memory segment shared by every process that opens the same name."""
 import errno
+import math
 import os
 import re
 import threading
@@ -47,7 +48,9 @@ def _timeout_ns(timeout: object) -> int:
         raise InvalidType(f"timeout must be None or a number of seconds, not {type(timeout).__name__}")
     if not timeout >= 0:  # also rejects NaN
         raise InvalidArgument(f"timeout must be >= 0 seconds, got {timeout!r}")
-    return min(int(timeout * _NS), 1 << 62)
+    if timeout * _NS >= 1 << 62:  # includes inf: as good as forever
+        return -1
+    return int(timeout * _NS)
 
 
 def _positive_int(value: object, what: str) -> int:
@@ -87,13 +90,40 @@ def _dtype_of(code: bytes) -> np.dtype:
     return dtype
 
 
-def _c_strides(shape: Tuple[int, ...], itemsize: int) -> Tuple[int, ...]:
-    strides = []
-    step = itemsize
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
+class _Layout:
+    """The C-contiguous layout of one (shape, itemsize): what send passes to
+    the core and what recv checks a message's metadata against. Cached, since
+    a program sends the same few shapes over and over."""
+
+    __slots__ = ("dims", "strides", "nbytes")
+
+    def __init__(self, shape: Tuple[int, ...], itemsize: int) -> None:
+        strides = []
+        step = itemsize
+        for n in reversed(shape):
+            strides.append(step)
+            step *= n
+        self.strides = tuple(reversed(strides))
+        self.nbytes = math.prod(shape) * itemsize
+        # shape then strides; read-only to the core, so safe to share between threads
+        self.dims = ffi.new("int64_t[]", shape + self.strides)
+
+
+_per_thread = threading.local()  # a reusable rdv_msg_info per thread
+
+_layouts: Dict[Tuple[Tuple[int, ...], int], _Layout] = {}
+_MAX_LAYOUTS = 4096
+
+
+def _layout(shape: Tuple[int, ...], itemsize: int) -> _Layout:
+    layout = _layouts.get((shape, itemsize))
+    if layout is None:
+        if len(shape) > lib.RDV_NDIM_MAX:
+            raise InvalidArgument(f"array has {len(shape)} dimensions, at most {lib.RDV_NDIM_MAX} are supported")
+        if len(_layouts) >= _MAX_LAYOUTS:
+            _layouts.clear()
+        layout = _layouts[(shape, itemsize)] = _Layout(shape, itemsize)
+    return layout
 
 
 def _no_space_message(name: str, arena: int) -> str:
@@ -304,21 +334,18 @@ class Rendezvous:
         arr = self._sendable(array)
         h = self._handle()
         code = _dtype_code(arr.dtype)
-        shape = arr.shape
-        dims = ffi.new("int64_t[]", shape + _c_strides(shape, arr.dtype.itemsize))
-        ndim = len(shape)
-        if ndim > lib.RDV_NDIM_MAX:
-            raise InvalidArgument(f"array has {ndim} dimensions, at most {lib.RDV_NDIM_MAX} are supported")
+        layout = _layout(arr.shape, arr.dtype.itemsize)
+        dims, ndim = layout.dims, arr.ndim
         if arr.flags.c_contiguous:
             if arr.dtype.kind in "mM":  # no buffer protocol for datetimes: send their int64 bits
                 arr = arr.view(np.int64)
             src = ffi.from_buffer(arr)
-            rc = lib.rdv_send(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, src, arr.nbytes, t)
+            rc = lib.rdv_send(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, src, layout.nbytes, t)
             if rc < 0:
                 self._fail(rc, f"send {key!r}")
             return
-        with self._reserve(h, kb, code, dims, ndim, arr.nbytes, t, f"send {key!r}") as (pos, payload):
-            dst = np.frombuffer(ffi.buffer(payload, arr.nbytes), dtype=arr.dtype).reshape(shape)
+        with self._reserve(h, kb, code, dims, ndim, layout.nbytes, t, f"send {key!r}") as (pos, payload):
+            dst = np.frombuffer(ffi.buffer(payload, layout.nbytes), dtype=arr.dtype).reshape(arr.shape)
             np.copyto(dst, arr)
             self._commit(h, pos, key)
 
@@ -364,39 +391,40 @@ class Rendezvous:
             raise InvalidType(f"bad shape or dtype for alloc: {exc}") from exc
         if any(n < 0 for n in shp):
             raise InvalidArgument(f"shape must be non-negative: {shp}")
-        if len(shp) > lib.RDV_NDIM_MAX:
-            raise InvalidArgument(f"array has {len(shp)} dimensions, at most {lib.RDV_NDIM_MAX} are supported")
         code = _dtype_code(dt)
-        nbytes = int(np.prod(shp, dtype=np.uint64)) * dt.itemsize if shp else dt.itemsize
+        layout = _layout(shp, dt.itemsize)
         h = self._handle()
-        dims = ffi.new("int64_t[]", shp + _c_strides(shp, dt.itemsize))
-        with self._reserve(h, kb, code, dims, len(shp), nbytes, t, f"alloc {key!r}") as (pos, payload):
-            buf = np.frombuffer(ffi.buffer(payload, nbytes), dtype=dt).reshape(shp)
+        with self._reserve(h, kb, code, layout.dims, len(shp), layout.nbytes, t, f"alloc {key!r}") as (pos, payload):
+            buf = np.frombuffer(ffi.buffer(payload, layout.nbytes), dtype=dt).reshape(shp)
             yield buf
             self._commit(h, pos, key)
 
     # ---- receiving ---------------------------------------------------------
 
     def _view(self, info: Any) -> np.ndarray:
+        payload = ffi.gc(info.payload, self._release)  # released even if we raise below
         dtype = _dtype_of(ffi.unpack(info.dtype, info.dtype_len))
         ndim = info.ndim
         shape = tuple(ffi.unpack(info.shape, ndim))
-        nbytes = info.nbytes
-        payload = ffi.gc(info.payload, self._release, size=nbytes)
         # Everything read from shared memory is checked before it shapes a view.
-        if any(n < 0 for n in shape) or tuple(ffi.unpack(info.strides, ndim)) != _c_strides(shape, dtype.itemsize) \
-                or int(np.prod(shape, dtype=np.uint64)) * dtype.itemsize != nbytes:
-            raise SegmentMismatch(f"message metadata does not match its payload: shape {shape}, {nbytes} bytes of {dtype}")
+        if min(shape, default=0) < 0:
+            raise SegmentMismatch(f"message carries a negative dimension: {shape}")
+        layout = _layout(shape, dtype.itemsize)
+        if layout.nbytes != info.nbytes or layout.strides != tuple(ffi.unpack(info.strides, ndim)):
+            raise SegmentMismatch(f"message metadata does not match its payload: shape {shape}, {info.nbytes} bytes of {dtype}")
         # frombuffer on a read-only memoryview: the flag cannot be turned back on.
-        mem = memoryview(ffi.buffer(payload, nbytes)).toreadonly()
-        return np.frombuffer(mem, dtype=dtype).reshape(shape)
+        mem = memoryview(ffi.buffer(payload, layout.nbytes)).toreadonly()
+        flat = np.frombuffer(mem, dtype=dtype)
+        return flat if ndim == 1 else flat.reshape(shape)
 
     def _recv(self, key: str, timeout: Optional[float], cancel: Any, empty_ok: bool = False) -> Optional[np.ndarray]:
         """A view; None if cancelled, or if empty_ok and nothing is queued."""
         kb = _key_bytes(key)
         t = _timeout_ns(timeout)
         h = self._handle()
-        info = ffi.new("struct rdv_msg_info *")
+        info = getattr(_per_thread, "info", None)
+        if info is None:
+            info = _per_thread.info = ffi.new("struct rdv_msg_info *")
         deadline = None if t <= 0 else time.monotonic_ns() + t
         while True:
             rc = lib.rdv_recv(h, kb, len(kb), t, cancel, info)
