@@ -11,7 +11,7 @@ import weakref
 from concurrent.futures import Future
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 import posix_ipc
@@ -107,6 +107,33 @@ class _Layout:
         self.nbytes = math.prod(shape) * itemsize
         # shape then strides; read-only to the core, so safe to share between threads
         self.dims = ffi.new("int64_t[]", shape + self.strides)
+
+
+_FIRST_SLICE_NS = 10_000_000
+_MAX_SLICE_NS = 1_000_000_000
+
+
+def _blocking(call: Callable[[int], int], timeout_ns: int) -> int:
+    """Run a blocking core call, ``call(timeout_ns)``, for up to timeout_ns
+    (-1: forever) and return its code.
+
+    A signal interrupts a futex sleep (-EINTR) and its Python handler then runs
+    here, between calls, and may raise (Ctrl-C: KeyboardInterrupt). A signal
+    that lands just before the sleep begins cannot interrupt it, so in the
+    main thread, where Python runs its handlers, a wait is cut into slices
+    (10 ms doubling to 1 s) and the handler runs within one slice."""
+    main = threading.current_thread() is threading.main_thread()
+    deadline = None if timeout_ns < 0 else time.monotonic_ns() + timeout_ns
+    slice_ns = _FIRST_SLICE_NS
+    left = timeout_ns
+    while True:
+        step = slice_ns if main and (left < 0 or left > slice_ns) else left
+        rc = call(step)
+        if rc != -errno.EINTR and not (rc == -errno.ETIMEDOUT and step != left):
+            return rc
+        if deadline is not None:
+            left = max(0, deadline - time.monotonic_ns())
+        slice_ns = min(2 * slice_ns, _MAX_SLICE_NS)
 
 
 _per_thread = threading.local()  # a reusable rdv_msg_info per thread
@@ -340,7 +367,7 @@ class Rendezvous:
             if arr.dtype.kind in "mM":  # no buffer protocol for datetimes: send their int64 bits
                 arr = arr.view(np.int64)
             src = ffi.from_buffer(arr)
-            rc = lib.rdv_send(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, src, layout.nbytes, t)
+            rc = _blocking(lambda ns: lib.rdv_send(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, src, layout.nbytes, ns), t)
             if rc < 0:
                 self._fail(rc, f"send {key!r}")
             return
@@ -354,7 +381,7 @@ class Rendezvous:
         """Reserve a block; discard it unless the body commits it."""
         pos = ffi.new("uint64_t *")
         payload = ffi.new("void **")
-        rc = lib.rdv_send_begin(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, nbytes, t, pos, payload)
+        rc = _blocking(lambda ns: lib.rdv_send_begin(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, nbytes, ns, pos, payload), t)
         if rc < 0:
             self._fail(rc, what)
         state = {"committed": False}
@@ -425,20 +452,12 @@ class Rendezvous:
         info = getattr(_per_thread, "info", None)
         if info is None:
             info = _per_thread.info = ffi.new("struct rdv_msg_info *")
-        deadline = None if t <= 0 else time.monotonic_ns() + t
-        while True:
-            rc = lib.rdv_recv(h, kb, len(kb), t, cancel, info)
-            if rc == 0:
-                return self._view(info)
-            if rc == -errno.EINTR:  # a signal: its Python handler runs (and may raise) here
-                if deadline is not None:
-                    t = max(0, deadline - time.monotonic_ns())
-                continue
-            if rc == -errno.EAGAIN and empty_ok:
-                return None
-            if rc == -errno.ECANCELED:
-                return None
-            self._fail(rc, f"recv {key!r}")
+        rc = _blocking(lambda ns: lib.rdv_recv(h, kb, len(kb), ns, cancel, info), t)
+        if rc == 0:
+            return self._view(info)
+        if (rc == -errno.EAGAIN and empty_ok) or rc == -errno.ECANCELED:
+            return None
+        self._fail(rc, f"recv {key!r}")
 
     def recv(self, key: str, *, timeout: Optional[float] = None) -> np.ndarray:
         """Take the oldest message under ``key``, waiting for one if none is
