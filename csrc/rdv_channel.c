@@ -3,7 +3,9 @@
  * blocks (rdv_msg.next), changed only under its slot's lock; a message's
  * bytes are written before the lock is taken, so the unlock (release)
  * publishes them to the receiver that next takes the lock (acquire). */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <string.h>
 
 #include "rdv_atomic.h"
@@ -60,6 +62,7 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
     m->ndim = (uint16_t)ndim;
     m->dtype_len = (uint8_t)dtype_len;
     m->flags = 0;
+    m->sender_cpu = (uint32_t)sched_getcpu();
     memcpy(m->dtype, dtype, dtype_len);
     int64_t *dims = (int64_t *)(block + sizeof *m);
     memcpy(dims, shape, 8ull * ndim);
@@ -100,8 +103,10 @@ static int do_send_commit(rdv_t *h, uint64_t pos) {
     s->count++;
     int wake = s->waiters != 0;
     if (wake)
-        rdv_wake_all(&s->seq, &s->sleepers); /* bumps seq, wakes sleepers */
+        rdv_wake_bump(&s->seq);
     rdv_index_release(h, idx);
+    if (wake) /* a stale wake on a slot reused meanwhile is harmless */
+        rdv_wake_sleepers(&s->seq, &s->sleepers);
     return 0;
 }
 
@@ -143,10 +148,14 @@ static int pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len,
     out->pos = pos;
     out->ndim = ndim;
     out->dtype_len = dlen;
+    memset(out->dtype, 0, sizeof out->dtype);
     memcpy(out->dtype, m->dtype, dlen);
-    memcpy(out->shape, dims, 8ull * ndim);
-    memcpy(out->strides, dims + ndim, 8ull * ndim);
+    memcpy(out->dims, dims, 16ull * ndim);
 
+    /* Remember whether the sender shared our CPU: spinning for a peer that
+     * needs our CPU to make progress only delays it (rdv_wait_change). */
+    int same = m->sender_cpu == (uint32_t)sched_getcpu();
+    WRITE_ONCE(h->same_cpu, (READ_ONCE(h->same_cpu) << 1 | same) & 0xf);
     rdv_arena_mark_delivered(h, pos);
     s->q_head = m->next;
     if (s->q_head == 0)
@@ -233,8 +242,9 @@ static int do_cancel(rdv_t *h, const char *key, uint32_t key_len, uint32_t *canc
     uint32_t idx;
     if (rdv_index_acquire(h, key, key_len, 0, &idx) == 0) {
         struct rdv_slot *s = &h->kslots[idx];
-        rdv_wake_all(&s->seq, &s->sleepers); /* the withdrawn waiter re-checks */
+        rdv_wake_bump(&s->seq); /* the withdrawn waiter re-checks */
         rdv_index_release(h, idx);
+        rdv_wake_sleepers(&s->seq, &s->sleepers);
     }
     return 0;
 }

@@ -122,11 +122,12 @@ struct rdv_msg {
     uint16_t ndim;
     uint8_t dtype_len;
     uint8_t flags;
+    uint32_t sender_cpu;  /* CPU the sender ran on: a hint for the receiver's spin */
     char dtype[RDV_DTYPE_MAX];
 };
 
 _Static_assert(sizeof(struct rdv_msg) == RDV_LINE, "message header is one line");
-_Static_assert(offsetof(struct rdv_msg, dtype) == 32, "dtype offset");
+_Static_assert(offsetof(struct rdv_msg, dtype) == 36, "dtype offset");
 
 /* Side table entry, one per arena granule; nonzero only at the first granule
  * of a block between c_head and p_tail: length in granules, plus DELIVERED
@@ -148,6 +149,7 @@ struct rdv {
     uint64_t cap;       /* arena bytes */
     uint64_t slot_mask;
     int64_t spin_ns;    /* adaptive spin budget before a futex sleep (racy hint) */
+    uint32_t same_cpu;  /* recent deliveries whose sender ran on our CPU, one bit each */
     int64_t refs;       /* the owner's + one per call in flight + one per live payload */
     uint32_t closed;
     struct rdv *next_retired;
@@ -192,6 +194,11 @@ int rdv_deadline_left(const struct rdv_deadline *d, int64_t *left_ns);
 int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t seen,
                     const struct rdv_deadline *d);
 void rdv_wake_all(uint32_t *kword, uint32_t *ksleepers);
+/* The two halves of rdv_wake_all, so a wake syscall can be made after the
+ * slot lock is dropped: a woken receiver that preempts us (same CPU) must
+ * not find the lock still held. */
+void rdv_wake_bump(uint32_t *kword);
+void rdv_wake_sleepers(uint32_t *kword, uint32_t *ksleepers);
 int rdv_is_aborted(const rdv_t *h);
 
 #endif

@@ -64,8 +64,9 @@ static int futex_wait(uint32_t *kword, uint32_t expected, int64_t timeout_ns) {
     return -errno; /* ETIMEDOUT or EINTR */
 }
 
-/* Spin until *kword != seen, abort, or the budget runs out. Yields the CPU
- * every few iterations so that a waker sharing this CPU gets to run. */
+/* Spin until *kword != seen, abort, or the budget runs out. No sched_yield:
+ * with an unrelated task on this CPU a yield can cost a whole time slice
+ * (milliseconds); a waker that shares our CPU is handled by not spinning. */
 static int spin_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t budget_ns) {
     int64_t start = rdv_now_ns();
     for (;;) {
@@ -78,7 +79,6 @@ static int spin_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t bud
         }
         if (rdv_is_aborted(h) || rdv_now_ns() - start >= budget_ns)
             return 0;
-        sched_yield();
     }
 }
 
@@ -92,6 +92,10 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t see
 
     int64_t budget = READ_ONCE(h->spin_ns);
     int64_t spin = budget < left ? budget : left;
+    /* Most recent deliveries came from a sender on our CPU: it cannot run
+     * while we spin, so sleep at once and let it. */
+    if (__builtin_popcount(READ_ONCE(h->same_cpu)) >= 2)
+        spin = 0;
     int64_t t0 = rdv_now_ns();
     if (spin_for_change(h, kword, seen, spin))
         return 0;
@@ -118,12 +122,21 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t see
     return rc == -ETIMEDOUT ? 0 : rc; /* the caller's deadline decides timeouts */
 }
 
-void rdv_wake_all(uint32_t *kword, uint32_t *ksleepers) {
+void rdv_wake_bump(uint32_t *kword) {
     /* release: publishes everything written before the bump to spinners that
-     * read the word; the full barrier orders the bump before the sleepers
-     * read, pairing with the waiter's increment + barrier + re-read. */
+     * read the word (they then take the lock or load with acquire) */
     rdv_fetch_add(kword, 1, __ATOMIC_RELEASE);
+}
+
+void rdv_wake_sleepers(uint32_t *kword, uint32_t *ksleepers) {
+    /* full barrier: the bump before the sleepers read, pairing with the
+     * waiter's increment + barrier + re-read of the word */
     smp_mb();
     if (READ_ONCE(*ksleepers) != 0)
         syscall(SYS_futex, kword, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+void rdv_wake_all(uint32_t *kword, uint32_t *ksleepers) {
+    rdv_wake_bump(kword);
+    rdv_wake_sleepers(kword, ksleepers);
 }

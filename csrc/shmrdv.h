@@ -7,7 +7,7 @@
 
 #define RDV_KEY_MAX 4096
 #define RDV_NDIM_MAX 32
-#define RDV_DTYPE_MAX 32
+#define RDV_DTYPE_MAX 28
 #define RDV_REASON_MAX 1024
 #define RDV_NAME_MAX 200
 
@@ -19,11 +19,12 @@ struct rdv_msg_info {
     void *payload;        /* start of the payload inside this process's mapping */
     uint64_t nbytes;      /* payload length */
     uint64_t pos;         /* ring position of the block: the handle for release */
+    /* The descriptor: from ndim to the end of dims[2 * ndim], contiguous, so
+     * a caller can use its bytes as a cache key. */
     uint32_t ndim;
     uint32_t dtype_len;
-    char dtype[32];       /* numpy dtype.str, not NUL-terminated */
-    int64_t shape[32];
-    int64_t strides[32];
+    char dtype[32];       /* numpy dtype.str, zero-padded */
+    int64_t dims[64];     /* shape[ndim], then strides[ndim] */
 };
 
 struct rdv_stats {

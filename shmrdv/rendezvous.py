@@ -31,12 +31,22 @@ _DTYPE_KINDS = "biufcmMSU"  # plain, fixed-size, non-object dtypes
 _NS = 1_000_000_000
 
 
+_key_cache: Dict[str, bytes] = {}
+_MAX_CACHED = 4096
+
+
 def _key_bytes(key: object) -> bytes:
+    kb = _key_cache.get(key)  # type: ignore[call-overload]
+    if kb is not None and type(key) is str:
+        return kb
     if not isinstance(key, str):
         raise InvalidType(f"key must be a str, not {type(key).__name__}")
     kb = key.encode("utf-8")
     if not kb or len(kb) > lib.RDV_KEY_MAX:
         raise InvalidArgument(f"key must be 1..{lib.RDV_KEY_MAX} bytes in UTF-8, got {len(kb)}")
+    if len(_key_cache) >= _MAX_CACHED:
+        _key_cache.clear()
+    _key_cache[key] = kb
     return kb
 
 
@@ -119,15 +129,13 @@ def _blocking(call: Callable[[int], int], timeout_ns: int) -> int:
 
     A signal interrupts a futex sleep (-EINTR) and its Python handler then runs
     here, between calls, and may raise (Ctrl-C: KeyboardInterrupt). A signal
-    that lands just before the sleep begins cannot interrupt it, so in the
-    main thread, where Python runs its handlers, a wait is cut into slices
-    (10 ms doubling to 1 s) and the handler runs within one slice."""
-    main = threading.current_thread() is threading.main_thread()
+    that lands just before the sleep begins cannot interrupt it, so a wait is
+    cut into slices (10 ms doubling to 1 s) and the handler runs within one."""
     deadline = None if timeout_ns < 0 else time.monotonic_ns() + timeout_ns
     slice_ns = _FIRST_SLICE_NS
     left = timeout_ns
     while True:
-        step = slice_ns if main and (left < 0 or left > slice_ns) else left
+        step = slice_ns if left < 0 or left > slice_ns else left
         rc = call(step)
         if rc != -errno.EINTR and not (rc == -errno.ETIMEDOUT and step != left):
             return rc
@@ -136,10 +144,46 @@ def _blocking(call: Callable[[int], int], timeout_ns: int) -> int:
         slice_ns = min(2 * slice_ns, _MAX_SLICE_NS)
 
 
-_per_thread = threading.local()  # a reusable rdv_msg_info per thread
+def _first_step(timeout_ns: int) -> int:
+    """The timeout of a blocking call's first attempt: the whole wait, or its first slice."""
+    return timeout_ns if 0 <= timeout_ns <= _FIRST_SLICE_NS else _FIRST_SLICE_NS
+
+
+def _keep_waiting(rc: int, step: int, timeout_ns: int) -> bool:
+    """Whether a first attempt ended early: a signal, or a slice that ran out."""
+    return rc == -errno.EINTR or (rc == -errno.ETIMEDOUT and step != timeout_ns)
+
+
+def _left(timeout_ns: int, step: int) -> int:
+    # A first attempt cut short by a signal may have waited less than step: the
+    # caller then waits up to step less than it asked, never more.
+    return timeout_ns if timeout_ns < 0 else max(0, timeout_ns - step)
+
+
+_per_thread = threading.local()
+
+_DESC_OFFSET = ffi.offsetof("struct rdv_msg_info", "ndim")
+_descs: Dict[bytes, Tuple[np.dtype, Tuple[int, ...], int]] = {}
+
+
+def _parse_descriptor(info: Any, desc: bytes) -> Tuple[np.dtype, Tuple[int, ...], int]:
+    """Check a message descriptor read from shared memory (dtype, shape,
+    strides) and cache what it means, keyed by its bytes."""
+    dtype = _dtype_of(ffi.unpack(info.dtype, info.dtype_len))
+    ndim = info.ndim
+    dims = tuple(ffi.unpack(info.dims, 2 * ndim))
+    shape = dims[:ndim]
+    if min(shape, default=0) < 0:
+        raise SegmentMismatch(f"message carries a negative dimension: {shape}")
+    layout = _layout(shape, dtype.itemsize)
+    if layout.strides != dims[ndim:]:
+        raise SegmentMismatch(f"message strides {dims[ndim:]} are not C-contiguous for shape {shape}")
+    if len(_descs) >= _MAX_CACHED:
+        _descs.clear()
+    parsed = _descs[desc] = (dtype, shape, layout.nbytes)
+    return parsed  # a reusable rdv_msg_info per thread
 
 _layouts: Dict[Tuple[Tuple[int, ...], int], _Layout] = {}
-_MAX_LAYOUTS = 4096
 
 
 def _layout(shape: Tuple[int, ...], itemsize: int) -> _Layout:
@@ -147,7 +191,7 @@ def _layout(shape: Tuple[int, ...], itemsize: int) -> _Layout:
     if layout is None:
         if len(shape) > lib.RDV_NDIM_MAX:
             raise InvalidArgument(f"array has {len(shape)} dimensions, at most {lib.RDV_NDIM_MAX} are supported")
-        if len(_layouts) >= _MAX_LAYOUTS:
+        if len(_layouts) >= _MAX_CACHED:
             _layouts.clear()
         layout = _layouts[(shape, itemsize)] = _Layout(shape, itemsize)
     return layout
@@ -356,18 +400,27 @@ class Rendezvous:
         forever), then raises ``RendezvousTimeout``. ``MessageTooLarge`` at once
         if the message can never fit. Once this returns, the message survives
         the sending process. Non-contiguous arrays are sent as C-contiguous."""
-        kb = _key_bytes(key)
-        t = _timeout_ns(timeout)
-        arr = self._sendable(array)
-        h = self._handle()
-        code = _dtype_code(arr.dtype)
-        layout = _layout(arr.shape, arr.dtype.itemsize)
-        dims, ndim = layout.dims, arr.ndim
+        # The hot path: every lookup below is a dict hit after the first message.
+        kb = _key_cache.get(key) if type(key) is str else None
+        if kb is None:
+            kb = _key_bytes(key)
+        t = -1 if timeout is None else _timeout_ns(timeout)
+        arr = array if type(array) is np.ndarray else self._sendable(array)
+        h = self._h
+        if h is None:
+            self._handle()
+        dtype = arr.dtype
+        code = _dtype_codes.get(dtype) or _dtype_code(dtype)
+        layout = _layouts.get((arr.shape, dtype.itemsize)) or _layout(arr.shape, dtype.itemsize)
+        dims, ndim, nbytes = layout.dims, arr.ndim, layout.nbytes
         if arr.flags.c_contiguous:
-            if arr.dtype.kind in "mM":  # no buffer protocol for datetimes: send their int64 bits
+            if dtype.kind in "mM":  # no buffer protocol for datetimes: send their int64 bits
                 arr = arr.view(np.int64)
             src = ffi.from_buffer(arr)
-            rc = _blocking(lambda ns: lib.rdv_send(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, src, layout.nbytes, ns), t)
+            step = _first_step(t)
+            rc = lib.rdv_send(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, src, nbytes, step)
+            if rc < 0 and _keep_waiting(rc, step, t):
+                rc = _blocking(lambda ns: lib.rdv_send(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, src, nbytes, ns), _left(t, step))
             if rc < 0:
                 self._fail(rc, f"send {key!r}")
             return
@@ -430,29 +483,33 @@ class Rendezvous:
 
     def _view(self, info: Any) -> np.ndarray:
         payload = ffi.gc(info.payload, self._release)  # released even if we raise below
-        dtype = _dtype_of(ffi.unpack(info.dtype, info.dtype_len))
-        ndim = info.ndim
-        shape = tuple(ffi.unpack(info.shape, ndim))
-        # Everything read from shared memory is checked before it shapes a view.
-        if min(shape, default=0) < 0:
-            raise SegmentMismatch(f"message carries a negative dimension: {shape}")
-        layout = _layout(shape, dtype.itemsize)
-        if layout.nbytes != info.nbytes or layout.strides != tuple(ffi.unpack(info.strides, ndim)):
-            raise SegmentMismatch(f"message metadata does not match its payload: shape {shape}, {info.nbytes} bytes of {dtype}")
+        desc = ffi.buffer(info)[_DESC_OFFSET : _DESC_OFFSET + 40 + 16 * info.ndim]
+        parsed = _descs.get(desc)
+        if parsed is None:
+            parsed = _parse_descriptor(info, desc)
+        dtype, shape, nbytes = parsed
+        if nbytes != info.nbytes:
+            raise SegmentMismatch(f"message metadata does not match its payload: shape {shape} of {dtype} is not {info.nbytes} bytes")
         # frombuffer on a read-only memoryview: the flag cannot be turned back on.
-        mem = memoryview(ffi.buffer(payload, layout.nbytes)).toreadonly()
-        flat = np.frombuffer(mem, dtype=dtype)
-        return flat if ndim == 1 else flat.reshape(shape)
+        flat = np.frombuffer(memoryview(ffi.buffer(payload, nbytes)).toreadonly(), dtype=dtype)
+        return flat if len(shape) == 1 else flat.reshape(shape)
 
     def _recv(self, key: str, timeout: Optional[float], cancel: Any, empty_ok: bool = False) -> Optional[np.ndarray]:
         """A view; None if cancelled, or if empty_ok and nothing is queued."""
-        kb = _key_bytes(key)
-        t = _timeout_ns(timeout)
-        h = self._handle()
+        kb = _key_cache.get(key) if type(key) is str else None
+        if kb is None:
+            kb = _key_bytes(key)
+        t = -1 if timeout is None else _timeout_ns(timeout)
+        h = self._h
+        if h is None:
+            self._handle()
         info = getattr(_per_thread, "info", None)
         if info is None:
             info = _per_thread.info = ffi.new("struct rdv_msg_info *")
-        rc = _blocking(lambda ns: lib.rdv_recv(h, kb, len(kb), ns, cancel, info), t)
+        step = _first_step(t)
+        rc = lib.rdv_recv(h, kb, len(kb), step, cancel, info)
+        if rc < 0 and _keep_waiting(rc, step, t):
+            rc = _blocking(lambda ns: lib.rdv_recv(h, kb, len(kb), ns, cancel, info), _left(t, step))
         if rc == 0:
             return self._view(info)
         if (rc == -errno.EAGAIN and empty_ok) or rc == -errno.ECANCELED:

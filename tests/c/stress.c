@@ -113,7 +113,7 @@ static uint64_t consume(const char *name, int id) {
                 die("recv", rc);
             const uint64_t *w = info.payload;
             uint64_t n = w[0], x = 0;
-            if (info.nbytes != 8 * n || info.ndim != 1 || info.shape[0] != (int64_t)n)
+            if (info.nbytes != 8 * n || info.ndim != 1 || info.dims[0] != (int64_t)n)
                 die("message shape", -EBADMSG);
             for (uint64_t j = 1; j < n - 1; j++)
                 x += w[j];
