@@ -9,9 +9,8 @@ import time
 import warnings
 import weakref
 from concurrent.futures import Future
-from contextlib import contextmanager
 from functools import partial
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import posix_ipc
@@ -222,6 +221,49 @@ class _RecvFuture(Future):  # type: ignore[type-arg]
         return super().cancel()
 
 
+class Allocation:
+    """A reserved block of the arena, returned by ``Rendezvous.alloc``: a
+    context manager whose ``__enter__`` reserves the block and returns a
+    writable array over it, and whose ``__exit__`` publishes it (clean exit)
+    or frees it (exception)."""
+
+    __slots__ = ("_rdv", "_key", "_kb", "_dtype", "_shape", "_timeout_ns", "_h", "_pos")
+
+    def __init__(self, rdv: "Rendezvous", key: str, kb: bytes, dtype: np.dtype, shape: Tuple[int, ...], timeout_ns: int) -> None:
+        self._rdv, self._key, self._kb = rdv, key, kb
+        self._dtype, self._shape, self._timeout_ns = dtype, shape, timeout_ns
+        self._h: Any = None
+        self._pos = -1
+
+    def __enter__(self) -> np.ndarray:
+        if self._h is not None:
+            raise RendezvousError("an Allocation can be entered only once")
+        rdv, kb, dtype, shape = self._rdv, self._kb, self._dtype, self._shape
+        h = rdv._handle()
+        code = _dtype_code(dtype)
+        layout = _layout(shape, dtype.itemsize)
+        dims, ndim, nbytes = layout.dims, len(shape), layout.nbytes
+        out = ffi.new("uint64_t[2]")  # the block position, then the payload address
+        payload = ffi.cast("void **", out + 1)
+        rc = _blocking(lambda ns: lib.rdv_send_begin(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, nbytes, ns, out, payload), self._timeout_ns)
+        if rc < 0:
+            rdv._fail(rc, f"alloc {self._key!r}")
+        self._h, self._pos = h, out[0]
+        buf = np.frombuffer(ffi.buffer(ffi.gc(payload[0], rdv._unref), nbytes), dtype=dtype)
+        return buf if ndim == 1 else buf.reshape(shape)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._h is None:
+            return
+        h, self._h = self._h, None
+        if exc_type is not None:
+            lib.rdv_send_discard(h, self._pos)
+            return
+        rc = lib.rdv_send_commit(h, self._pos)
+        if rc < 0:
+            self._rdv._fail(rc, f"send {self._key!r}")
+
+
 class Rendezvous:
     """A table of FIFO channels keyed by string, in one shared-memory segment.
 
@@ -424,44 +466,21 @@ class Rendezvous:
             if rc < 0:
                 self._fail(rc, f"send {key!r}")
             return
-        with self._reserve(h, kb, code, dims, ndim, layout.nbytes, t, f"send {key!r}") as (pos, payload):
-            dst = np.frombuffer(ffi.buffer(payload, layout.nbytes), dtype=arr.dtype).reshape(arr.shape)
+        with Allocation(self, key, kb, dtype, arr.shape, t) as dst:
             np.copyto(dst, arr)
-            self._commit(h, pos, key)
-
-    @contextmanager
-    def _reserve(self, h: Any, kb: bytes, code: bytes, dims: Any, ndim: int, nbytes: int, t: int, what: str) -> Iterator[Tuple[int, Any]]:
-        """Reserve a block; discard it unless the body commits it."""
-        pos = ffi.new("uint64_t *")
-        payload = ffi.new("void **")
-        rc = _blocking(lambda ns: lib.rdv_send_begin(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, nbytes, ns, pos, payload), t)
-        if rc < 0:
-            self._fail(rc, what)
-        state = {"committed": False}
-        try:
-            yield pos[0], ffi.gc(payload[0], self._unref)
-            state["committed"] = True
-        finally:
-            if not state["committed"]:
-                lib.rdv_send_discard(h, pos[0])
-
-    def _commit(self, h: Any, pos: int, key: str) -> None:
-        rc = lib.rdv_send_commit(h, pos)
-        if rc < 0:
-            self._fail(rc, f"send {key!r}")
 
     @staticmethod
     def _unref_payload(h: Any, _payload: Any) -> None:
         lib.rdv_unref(h)
 
-    @contextmanager
-    def alloc(self, key: str, shape: Any, dtype: Any, *, timeout: Optional[float] = None) -> Iterator[np.ndarray]:
-        """Zero-copy producer: yields a writable array inside shared memory.
+    def alloc(self, key: str, shape: Any, dtype: Any, *, timeout: Optional[float] = None) -> "Allocation":
+        """Zero-copy producer: ``with rdv.alloc(key, shape, dtype) as buf:``
+        gives a writable array inside shared memory.
 
         On clean exit of the ``with`` block the array is published under
         ``key`` exactly as ``send`` would; on an exception its space is freed
         and nothing is sent. Do not write to the array after the block ends.
-        Blocks like ``send`` while the arena is full."""
+        Entering blocks like ``send`` while the arena is full."""
         kb = _key_bytes(key)
         t = _timeout_ns(timeout)
         try:
@@ -471,13 +490,8 @@ class Rendezvous:
             raise InvalidType(f"bad shape or dtype for alloc: {exc}") from exc
         if any(n < 0 for n in shp):
             raise InvalidArgument(f"shape must be non-negative: {shp}")
-        code = _dtype_code(dt)
-        layout = _layout(shp, dt.itemsize)
-        h = self._handle()
-        with self._reserve(h, kb, code, layout.dims, len(shp), layout.nbytes, t, f"alloc {key!r}") as (pos, payload):
-            buf = np.frombuffer(ffi.buffer(payload, layout.nbytes), dtype=dt).reshape(shp)
-            yield buf
-            self._commit(h, pos, key)
+        _dtype_code(dt)
+        return Allocation(self, key, kb, dt, shp, t)
 
     # ---- receiving ---------------------------------------------------------
 
