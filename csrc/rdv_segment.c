@@ -37,11 +37,11 @@ static int map_segment(int fd, const struct layout *l, rdv_t **out) {
     if (base == MAP_FAILED)
         return -errno;
     /* MAP_POPULATE: a first touch of a shared page costs ~8x a copy into it,
-     * so take the faults here, once, not on the data path. The mirror is
-     * left to fault lazily: only blocks that run past the end touch it. */
-    if (mmap(base, l->total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd,
-             0) == MAP_FAILED ||
-        mmap(base + l->total, l->arena_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+     * so take the faults here, once, not on the data path. The mirror too:
+     * block offsets drift, so over time blocks run past the end everywhere. */
+    int flags = MAP_SHARED | MAP_FIXED | MAP_POPULATE;
+    if (mmap(base, l->total, PROT_READ | PROT_WRITE, flags, fd, 0) == MAP_FAILED ||
+        mmap(base + l->total, l->arena_size, PROT_READ | PROT_WRITE, flags, fd,
              (off_t)l->arena_off) == MAP_FAILED) {
         int err = errno;
         munmap(base, len);

@@ -112,12 +112,13 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t see
         rc = futex_wait(kword, seen, left);
     rdv_fetch_add(ksleepers, (uint32_t)-1, __ATOMIC_RELEASE);
 
-    /* Adapt the budget: a wake that came soon after we fell asleep means a
-     * longer spin would have caught it; a long wait means spinning is waste. */
+    /* Adapt the budget: a wake within the largest budget means a longer spin
+     * would have caught it (and saved the wake-up, which costs more); a wait
+     * far beyond it means the peer is slow and spinning is waste. */
     int64_t waited = rdv_now_ns() - t0;
-    if (rc == 0 && waited < 4 * budget && budget < RDV_SPIN_MAX_NS)
+    if (rc == 0 && waited < RDV_SPIN_MAX_NS && budget < RDV_SPIN_MAX_NS)
         WRITE_ONCE(h->spin_ns, budget * 2);
-    else if (waited > 64 * budget && budget > RDV_SPIN_MIN_NS)
+    else if (waited > 16 * RDV_SPIN_MAX_NS && budget > RDV_SPIN_MIN_NS)
         WRITE_ONCE(h->spin_ns, budget / 2);
     return rc == -ETIMEDOUT ? 0 : rc; /* the caller's deadline decides timeouts */
 }
