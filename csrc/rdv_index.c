@@ -106,6 +106,9 @@ static int insert(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, uint32_t
             rdv_slot_unlock(&s->lock);
             continue;
         }
+        /* relaxed: lookups read these lock-free only as a guess; the release
+         * store of state below publishes them, and matches are re-checked
+         * under the lock */
         WRITE_ONCE(s->h1, h1);
         WRITE_ONCE(s->h2, h2);
         WRITE_ONCE(s->key_len, key_len);

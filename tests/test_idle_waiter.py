@@ -1,0 +1,33 @@
+"""A receiver that keeps waiting sleeps in the kernel: it uses (almost) no CPU."""
+import os
+import time
+
+import numpy as np
+import pytest
+
+from . import workers
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+@pytest.mark.timeout(60)
+def test_blocked_receiver_sleeps(rdv, children):
+    queue = children.context.Queue()
+    child = children.start(workers.recv_one, rdv.name, "later", queue)
+    deadline = time.monotonic() + 20
+    while rdv.stats().waiters == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert rdv.stats().waiters == 1
+    time.sleep(0.2)  # past the bounded spin
+    before = _cpu_seconds(child.pid)
+    time.sleep(2.0)
+    used = _cpu_seconds(child.pid) - before
+    assert used < 0.2, f"a blocked receiver used {used:.2f} s of CPU in 2 s"
+    assert queue.get(timeout=30) == "ready"
+    rdv.send("later", np.arange(4))
+    assert queue.get(timeout=30)[2] == workers.checksum(np.arange(4))
+    children.join()
