@@ -1,19 +1,26 @@
-"""Command line: ``shmrdv demo`` (also ``python -m shmrdv demo``)."""
+"""Command line: ``shmrdv COMMAND`` (also ``python -m shmrdv COMMAND``).
+
+Each command lives in its own module, which provides ``add_arguments(parser)``
+and ``run(args) -> int``."""
 import argparse
+import importlib
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
+
+COMMANDS: Dict[str, str] = {
+    "demo": "two processes exchange tensors; prints what moved and how fast",
+}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="shmrdv", description="Tensors between processes through shared memory.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="two processes exchange tensors; prints what moved and how fast")
+    modules = {}
+    for name, help_text in COMMANDS.items():
+        modules[name] = importlib.import_module(f"shmrdv.{name}")
+        modules[name].add_arguments(sub.add_parser(name, help=help_text, description=help_text))
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        from .demo import main as demo
-
-        return demo()
-    return 2
+    return int(modules[args.command].run(args))
 
 
 if __name__ == "__main__":

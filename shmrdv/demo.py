@@ -1,5 +1,6 @@
 """A live demo: two processes exchange tensors through one rendezvous and
 print what moved and how fast. ``python -m shmrdv demo``."""
+import argparse
 import multiprocessing as mp
 import os
 import statistics
@@ -48,7 +49,11 @@ def _human(nbytes: int) -> str:
     return f"{nbytes} TiB"
 
 
-def main() -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo takes no options."""
+
+
+def run(args: argparse.Namespace) -> int:
     name = f"demo-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     ctx = mp.get_context("spawn")
     _pin(0)
