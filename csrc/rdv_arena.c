@@ -96,26 +96,31 @@ static int pin_head(rdv_t *h, uint64_t hd) {
     if ((v & (RDV_SIDE_FREE | RDV_SIDE_DELIVERED)) != RDV_SIDE_DELIVERED)
         return 0;
     int moved = 0;
-    rdv_slot_lock(&khdr->island_lock);
+    rdv_slot_lock(h, &khdr->island_lock);
     for (int i = 0; i < RDV_MAX_ISLANDS; i++) {
         if (READ_ONCE(khdr->islands[i]))
             continue;
-        /* acq_rel: claims the entry against a concurrent release (which CASes
-         * it to FREE) and reclaimers; the loser sees the other's value */
-        if (!rdv_cas(kent, &v, 0, __ATOMIC_ACQ_REL))
-            break;
-        /* release: the island is visible before the head moves past it, so
-         * an allocator that sees the new head (acquire) sees the island */
+        /* Island first, then claim the entry, then move the head: if we die
+         * at any point, the island table tells whoever repairs it (under
+         * island_lock) how far we got (see repair_islands). The release
+         * makes the island visible before the head moves past the block, so
+         * an allocator that sees the new head (acquire) sees the island. */
         smp_store_release(&khdr->islands[i],
                           island_word(rdv_granule_of(h, hd), RDV_SIDE_LEN(v)));
+        /* acq_rel: claims the entry against a concurrent release (which CASes
+         * it to FREE) and reclaimers; the loser sees the other's value */
+        if (!rdv_cas(kent, &v, 0, __ATOMIC_ACQ_REL)) {
+            WRITE_ONCE(khdr->islands[i], 0);
+            break;
+        }
         uint64_t want = hd;
         /* release: pairs with the acquire load of c_head in allocators */
         if (rdv_cas(&khdr->c_head, &want, hd + (uint64_t)RDV_SIDE_LEN(v) * RDV_GRANULE,
                     __ATOMIC_RELEASE)) {
             moved = 1;
         } else {
-            WRITE_ONCE(khdr->islands[i], 0);
             smp_store_release(kent, v);
+            WRITE_ONCE(khdr->islands[i], 0);
         }
         break;
     }
@@ -206,7 +211,7 @@ static int unpin(rdv_t *h, uint64_t pos) {
     struct rdv_header *khdr = h->khdr;
     uint64_t off = pos % h->cap;
     int found = 0;
-    rdv_slot_lock(&khdr->island_lock);
+    rdv_slot_lock(h, &khdr->island_lock);
     for (int i = 0; i < RDV_MAX_ISLANDS && !found; i++) {
         uint64_t w = READ_ONCE(khdr->islands[i]);
         if (w && island_off(w) == off) {

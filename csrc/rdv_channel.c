@@ -11,6 +11,8 @@
 #include "rdv_atomic.h"
 #include "rdv_layout.h"
 
+#define RDV_RECLAIM_EVERY_NS 50000000 /* 50 ms */
+
 static uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
 /* Metadata bytes before the payload; keeps room for the u64 position copy. */
@@ -32,6 +34,7 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
     struct rdv_deadline d;
     rdv_deadline_init(&d, timeout_ns);
     struct rdv_header *khdr = h->khdr;
+    int64_t next_reclaim_ns = rdv_now_ns() + RDV_RECLAIM_EVERY_NS;
     for (;;) {
         if (rdv_is_aborted(h))
             return -ECONNABORTED;
@@ -47,7 +50,13 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
             return -ETIMEDOUT;
         /* -ETIMEDOUT only once the deadline has passed and one more attempt
          * after the last wait has failed */
-        rc = rdv_wait_change(h, &khdr->space_seq, &khdr->space_sleepers, seen, &d);
+        rc = rdv_wait_change(h, &khdr->space_seq, &khdr->space_sleepers, NULL, seen, &d);
+        /* Space may be held by a process that died (its views, a half-written
+         * block): after a while without room, look for the dead. */
+        if (rc == 0 && rdv_now_ns() >= next_reclaim_ns) {
+            rdv_proc_reclaim_dead(h, NULL);
+            next_reclaim_ns = rdv_now_ns() + RDV_RECLAIM_EVERY_NS;
+        }
         if (rc < 0)
             return rc;
     }
@@ -61,7 +70,9 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
     m->payload_off = (uint32_t)meta;
     m->ndim = (uint16_t)ndim;
     m->dtype_len = (uint8_t)dtype_len;
-    m->flags = 0;
+    m->stage = RDV_MSG_WRITING;
+    m->owner = (uint16_t)(h->me + 1);
+    m->pad = 0;
     m->sender_cpu = (uint32_t)sched_getcpu();
     memcpy(m->dtype, dtype, dtype_len);
     int64_t *dims = (int64_t *)(block + sizeof *m);
@@ -94,6 +105,9 @@ static int do_send_commit(rdv_t *h, uint64_t pos) {
         rdv_arena_free(h, pos);
         return -ECONNABORTED;
     }
+    /* QUEUED before linking, owner cleared after: if we die in between
+     * (holding the lock), repair finds the block by its owner and stage */
+    m->stage = RDV_MSG_QUEUED;
     uint32_t g = (uint32_t)rdv_granule_of(h, pos) + 1;
     if (s->q_tail)
         rdv_msg_at(h, (uint64_t)(s->q_tail - 1) * RDV_GRANULE)->next = g;
@@ -101,6 +115,7 @@ static int do_send_commit(rdv_t *h, uint64_t pos) {
         s->q_head = g;
     s->q_tail = g;
     s->count++;
+    m->owner = 0;
     int wake = s->waiters != 0;
     if (wake)
         rdv_wake_bump(&s->seq);
@@ -156,6 +171,10 @@ static int pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len,
      * needs our CPU to make progress only delays it (rdv_wait_change). */
     int same = m->sender_cpu == (uint32_t)sched_getcpu();
     WRITE_ONCE(h->same_cpu, (READ_ONCE(h->same_cpu) << 1 | same) & 0xf);
+    /* DELIVERED with us as owner before unlinking: if we die now, repair
+     * drops it from the queue and reclaiming frees it with our other views */
+    ((struct rdv_msg *)m)->stage = RDV_MSG_DELIVERED;
+    ((struct rdv_msg *)m)->owner = (uint16_t)(h->me + 1);
     rdv_arena_mark_delivered(h, pos);
     s->q_head = m->next;
     if (s->q_head == 0)
@@ -206,11 +225,12 @@ static int do_recv(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_
     struct rdv_deadline d;
     rdv_deadline_init(&d, timeout_ns);
     s->waiters++;
+    uint32_t *krecord = rdv_wait_record(h, idx); /* so our death gives it back */
     for (;;) {
         uint32_t seen = s->seq; /* stable: seq only changes under the lock */
         rdv_index_release(h, idx);
-        int wrc = rdv_wait_change(h, &s->seq, &s->sleepers, seen, &d);
-        rdv_slot_lock(&s->lock);
+        int wrc = rdv_wait_change(h, &s->seq, &s->sleepers, krecord, seen, &d);
+        rdv_slot_lock(h, &s->lock);
         int64_t left;
         if (rdv_is_aborted(h))
             rc = -ECONNABORTED;
@@ -226,6 +246,7 @@ static int do_recv(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_
             rc = -ETIMEDOUT;
         else
             continue;
+        rdv_wait_unrecord(krecord);
         s->waiters--;
         rdv_index_maybe_delete(h, idx);
         rdv_index_release(h, idx);
@@ -256,7 +277,7 @@ static void drain_all(rdv_t *h) {
         struct rdv_slot *s = &h->kslots[i];
         if (READ_ONCE(s->state) != RDV_SLOT_LIVE)
             continue;
-        rdv_slot_lock(&s->lock);
+        rdv_slot_lock(h, &s->lock);
         if (s->state == RDV_SLOT_LIVE) {
             uint32_t g = s->q_head;
             for (uint32_t n = s->count; g && n; n--) {
@@ -416,3 +437,9 @@ int rdv_abort_reason(rdv_t *h, char *buf, uint32_t cap, uint32_t *len) {
 }
 
 int rdv_stats(rdv_t *h, struct rdv_stats *out) { WITH_REF(h, do_stats(h, out)); }
+
+int rdv_procs(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t *n) {
+    WITH_REF(h, rdv_procs_impl(h, out, cap, n));
+}
+
+int rdv_gc(rdv_t *h, uint32_t *reclaimed) { WITH_REF(h, rdv_proc_reclaim_dead(h, reclaimed)); }

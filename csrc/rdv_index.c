@@ -48,18 +48,25 @@ void rdv_hash_key(const rdv_t *h, const char *key, uint32_t len, uint64_t *h1, u
 
 /* ---- slot locks ------------------------------------------------------------*/
 
-void rdv_slot_lock(uint32_t *klock) {
+/* Spins before a lock waiter asks whether the holder is still alive. */
+#define RDV_LOCK_CHECK_SPINS 4096
+
+void rdv_slot_lock(rdv_t *h, uint32_t *klock) {
     for (unsigned spins = 0;; spins++) {
         uint32_t free_ = 0;
         /* relaxed read first: spin on a shared line without writing to it */
-        if (READ_ONCE(*klock) == 0 &&
+        uint32_t holder = READ_ONCE(*klock);
+        if (holder == 0 &&
             /* acquire: pairs with the release in rdv_slot_unlock; the
-             * previous holder's writes to the slot are visible to us */
-            rdv_cas(klock, &free_, 1, __ATOMIC_ACQUIRE))
+             * previous holder's writes to the slot are visible to us. The
+             * word names us (entry + 1) so a dead holder can be found. */
+            rdv_cas(klock, &free_, h->me + 1, __ATOMIC_ACQUIRE))
             return;
         rdv_cpu_relax();
         if ((spins & 63) == 63)
             sched_yield(); /* the holder may be preempted on this CPU */
+        if (holder && spins % RDV_LOCK_CHECK_SPINS == RDV_LOCK_CHECK_SPINS - 1)
+            rdv_lock_holder_check(h, klock, holder); /* a dead holder's lock is repaired */
     }
 }
 
@@ -101,7 +108,7 @@ static int insert(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, uint32_t
         struct rdv_slot *s = &h->kslots[i];
         if (READ_ONCE(s->state) == RDV_SLOT_LIVE)
             continue;
-        rdv_slot_lock(&s->lock);
+        rdv_slot_lock(h, &s->lock);
         if (s->state == RDV_SLOT_LIVE) {
             rdv_slot_unlock(&s->lock);
             continue;
@@ -139,7 +146,7 @@ int rdv_index_acquire(rdv_t *h, const char *key, uint32_t key_len, int create, u
             if (!create)
                 return rc;
             struct rdv_slot *khome = &h->kslots[h1 & h->slot_mask];
-            rdv_slot_lock(&khome->ins_lock);
+            rdv_slot_lock(h, &khome->ins_lock);
             rc = rdv_index_find(h, h1, h2, key_len, &i);
             if (rc == -ENOENT) {
                 rc = insert(h, h1, h2, key_len, idx);
@@ -149,7 +156,7 @@ int rdv_index_acquire(rdv_t *h, const char *key, uint32_t key_len, int create, u
             rdv_slot_unlock(&khome->ins_lock);
         }
         struct rdv_slot *s = &h->kslots[i];
-        rdv_slot_lock(&s->lock);
+        rdv_slot_lock(h, &s->lock);
         if (s->state == RDV_SLOT_LIVE && s->h1 == h1 && s->h2 == h2 && s->key_len == key_len) {
             *idx = i;
             return 0;

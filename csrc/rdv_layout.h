@@ -2,7 +2,8 @@
  * handle that maps it. Everything in this file that lives in shared memory is
  * versioned by RDV_LAYOUT_VERSION and pinned by _Static_asserts.
  *
- *   [ header: 1 page ][ key index: slots x 64 B ][ side table: u32 per granule ][ arena ]
+ *   [ header: 1 page ][ process table ][ key index: slots x 64 B ]
+ *   [ side table: u32 per granule ][ arena ]
  *
  * The arena is mapped twice, back to back, so a block that runs past the end
  * of the ring continues in the mirror: no block is ever split or padded. */
@@ -16,12 +17,14 @@
 #include "shmrdv.h"
 
 #define RDV_MAGIC 0x31564452524d4853ULL /* "SHMRRDV1" little-endian */
-#define RDV_LAYOUT_VERSION 1u
+#define RDV_LAYOUT_VERSION 2u
 #define RDV_PAGE 4096u
 #define RDV_LINE 64u
 #define RDV_GRANULE 64u /* arena allocation unit and payload alignment */
 #define RDV_MAX_ARENA ((1ULL << 36) - RDV_PAGE) /* block lengths fit the side table */
 #define RDV_MAX_ISLANDS 64
+#define RDV_MAX_PROCS 128 /* processes attached at once (handles, really) */
+#define RDV_PROC_WAITS 60 /* concurrent waits per handle that survive its death */
 
 /* ---- header (page 0) ---------------------------------------------------- */
 
@@ -81,6 +84,29 @@ _Static_assert(offsetof(struct rdv_header, abort_reason) == 5 * RDV_LINE, "reaso
 _Static_assert(offsetof(struct rdv_header, islands) == 5 * RDV_LINE + RDV_REASON_MAX + 8, "islands");
 _Static_assert(sizeof(struct rdv_header) <= RDV_PAGE, "header fits page 0");
 
+/* ---- process table ---------------------------------------------------------
+ * One entry per attached handle. Liveness comes from the kernel, not from
+ * pids: a handle holds an open-file-description write lock on byte i of the
+ * segment file for entry i, which the kernel drops when the process dies
+ * (whatever its pid namespace, whatever pid reuse). An entry that is ALIVE
+ * while nobody holds its byte lock belongs to a dead process. */
+
+enum { RDV_PROC_FREE = 0, RDV_PROC_ALIVE = 1, RDV_PROC_RECLAIMING = 2 };
+
+#define RDV_WAIT_SLEEPING 0x80000000u /* in a wait record: also counted in sleepers */
+
+struct rdv_proc {
+    uint32_t state; /* RDV_PROC_*; ALIVE published (release) after pid/start */
+    uint32_t pid;   /* for humans (shmrdv ls); liveness uses the byte lock */
+    uint64_t attached_ns; /* CLOCK_REALTIME at attach, for humans */
+    /* Waits in progress: key slot index + 1, | RDV_WAIT_SLEEPING while also
+     * counted in that slot's sleepers; so a dead waiter's counts come back. */
+    uint32_t waits[RDV_PROC_WAITS];
+};
+
+_Static_assert(sizeof(struct rdv_proc) == 4 * RDV_LINE, "process entry is 256 B");
+_Static_assert(RDV_MAX_PROCS * sizeof(struct rdv_proc) % RDV_PAGE == 0, "table is whole pages");
+
 /* ---- key index slot -------------------------------------------------------
  * A key is identified by its length and two independent 64-bit hashes; every
  * message also carries the key bytes, which the receiver compares before it
@@ -121,13 +147,21 @@ struct rdv_msg {
     uint32_t payload_off; /* from block start; multiple of RDV_GRANULE */
     uint16_t ndim;
     uint8_t dtype_len;
-    uint8_t flags;
+    uint8_t stage;        /* RDV_MSG_*: who may hold the block (see owner) */
     uint32_t sender_cpu;  /* CPU the sender ran on: a hint for the receiver's spin */
+    uint16_t owner;       /* process entry + 1 of the writer / receiver, 0 = none */
+    uint16_t pad;
     char dtype[RDV_DTYPE_MAX];
 };
 
+/* A block's stage, written by whoever holds it: a producer writing it
+ * (owner = producer), queued on a key (owner = 0 once linked), delivered to
+ * a receiver's view (owner = receiver). A dead owner's WRITING and DELIVERED
+ * blocks are freed; QUEUED blocks survive their producer. */
+enum { RDV_MSG_WRITING = 1, RDV_MSG_QUEUED = 2, RDV_MSG_DELIVERED = 3 };
+
 _Static_assert(sizeof(struct rdv_msg) == RDV_LINE, "message header is one line");
-_Static_assert(offsetof(struct rdv_msg, dtype) == 36, "dtype offset");
+_Static_assert(offsetof(struct rdv_msg, dtype) == 40, "dtype offset");
 
 /* Side table entry, one per arena granule; nonzero only at the first granule
  * of a block between c_head and p_tail: length in granules, plus DELIVERED
@@ -153,6 +187,9 @@ struct rdv {
     int64_t refs;       /* the owner's + one per call in flight + one per live payload */
     uint32_t closed;
     struct rdv *next_retired;
+    struct rdv_proc *kprocs;
+    int fd;             /* the segment file, kept open: it carries our byte lock */
+    uint32_t me;        /* our process entry; lock words hold me + 1 */
 };
 
 /* rdv_segment.c: references on a handle's mapping. A handle struct is never
@@ -161,12 +198,22 @@ struct rdv {
 int rdv_get(rdv_t *h);
 void rdv_put(rdv_t *h);
 
+/* rdv_proc.c: registry, liveness, and reclaiming what dead processes held */
+int rdv_proc_register(rdv_t *h);
+void rdv_proc_unregister(rdv_t *h);
+int rdv_proc_alive(rdv_t *h, uint32_t entry);
+int rdv_proc_reclaim_dead(rdv_t *h, uint32_t *reclaimed);
+int rdv_procs_impl(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t *n);
+void rdv_lock_holder_check(rdv_t *h, uint32_t *klock, uint32_t holder);
+uint32_t *rdv_wait_record(rdv_t *h, uint32_t slot_idx);
+void rdv_wait_unrecord(uint32_t *krecord);
+
 /* rdv_index.c */
 int rdv_index_find(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, uint32_t *idx);
 int rdv_index_acquire(rdv_t *h, const char *key, uint32_t key_len, int create, uint32_t *idx);
 void rdv_index_release(rdv_t *h, uint32_t idx);
 void rdv_index_maybe_delete(rdv_t *h, uint32_t idx);
-void rdv_slot_lock(uint32_t *klock);
+void rdv_slot_lock(rdv_t *h, uint32_t *klock);
 void rdv_slot_unlock(uint32_t *klock);
 void rdv_hash_key(const rdv_t *h, const char *key, uint32_t len, uint64_t *h1, uint64_t *h2);
 
@@ -191,8 +238,8 @@ struct rdv_deadline {
 int64_t rdv_now_ns(void);
 void rdv_deadline_init(struct rdv_deadline *d, int64_t timeout_ns);
 int rdv_deadline_left(const struct rdv_deadline *d, int64_t *left_ns);
-int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t seen,
-                    const struct rdv_deadline *d);
+int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t *krecord,
+                    uint32_t seen, const struct rdv_deadline *d);
 void rdv_wake_all(uint32_t *kword, uint32_t *ksleepers);
 /* The two halves of rdv_wake_all, so a wake syscall can be made after the
  * slot lock is dropped: a woken receiver that preempts us (same CPU) must

@@ -17,13 +17,14 @@
 static uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
 struct layout {
-    uint64_t slots, index_off, side_off, arena_off, arena_size, total;
+    uint64_t slots, procs_off, index_off, side_off, arena_off, arena_size, total;
 };
 
 static void plan(struct layout *l, uint64_t arena_size, uint64_t slots) {
     l->slots = slots;
     l->arena_size = arena_size;
-    l->index_off = RDV_PAGE;
+    l->procs_off = RDV_PAGE;
+    l->index_off = l->procs_off + RDV_MAX_PROCS * sizeof(struct rdv_proc);
     l->side_off = l->index_off + round_up(slots * sizeof(struct rdv_slot), RDV_PAGE);
     l->arena_off = l->side_off + round_up(arena_size / RDV_GRANULE * 4, RDV_PAGE);
     l->total = l->arena_off + arena_size;
@@ -56,14 +57,41 @@ static int map_segment(int fd, const struct layout *l, rdv_t **out) {
     h->map_len = len;
     h->khdr = (struct rdv_header *)base;
     h->kslots = (struct rdv_slot *)(base + l->index_off);
+    h->kprocs = (struct rdv_proc *)(base + l->procs_off);
     h->kside = (uint32_t *)(base + l->side_off);
     h->karena = base + l->arena_off;
     h->cap = l->arena_size;
     h->slot_mask = l->slots - 1;
     h->spin_ns = RDV_INITIAL_SPIN_NS;
     h->refs = 1;
+    /* our own descriptor: it carries our process-table byte lock */
+    h->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (h->fd < 0) {
+        int err = errno;
+        munmap(base, len);
+        free(h);
+        return -err;
+    }
     *out = h;
     return 0;
+}
+
+static void unmap(rdv_t *h) {
+    munmap(h->base, h->map_len);
+    close(h->fd);
+}
+
+/* Map, then register in the process table; undo the mapping on failure. */
+static int map_and_register(int fd, const struct layout *l, rdv_t **out) {
+    int rc = map_segment(fd, l, out);
+    if (rc < 0)
+        return rc;
+    rc = rdv_proc_register(*out);
+    if (rc < 0) {
+        unmap(*out);
+        free(*out);
+    }
+    return rc;
 }
 
 int rdv_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out) {
@@ -102,7 +130,12 @@ int rdv_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out) {
     /* release: publishes every field above; pairs with the acquire load of
      * magic in rdv_attach */
     smp_store_release(&khdr->magic, RDV_MAGIC);
-    return 0;
+    rc = rdv_proc_register(*out);
+    if (rc < 0) {
+        unmap(*out);
+        free(*out);
+    }
+    return rc;
 }
 
 /* Check a header read from an untrusted file against the layout it claims. */
@@ -145,7 +178,7 @@ int rdv_attach(int fd, rdv_t **out) {
     munmap(khdr, RDV_PAGE);
     if (rc < 0)
         return rc;
-    return map_segment(fd, &l, out);
+    return map_and_register(fd, &l, out);
 }
 
 /* Closed handles stay allocated (see rdv_get) and reachable from here. */
@@ -176,8 +209,10 @@ int rdv_get(rdv_t *h) {
 
 void rdv_put(rdv_t *h) {
     /* acq_rel: every access through the mapping happens before the unmap */
-    if (__atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) == 0)
-        munmap(h->base, h->map_len);
+    if (__atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        rdv_proc_unregister(h);
+        unmap(h);
+    }
 }
 
 void rdv_unref(rdv_t *h) { rdv_put(h); }

@@ -84,8 +84,8 @@ static int spin_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t bud
 
 /* Wait until *kword differs from seen (or spuriously); 0, -ETIMEDOUT or -EINTR.
  * Callers re-check their condition either way. */
-int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t seen,
-                    const struct rdv_deadline *d) {
+int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t *krecord,
+                    uint32_t seen, const struct rdv_deadline *d) {
     int64_t left;
     if (rdv_deadline_left(d, &left) < 0)
         return -ETIMEDOUT;
@@ -106,10 +106,17 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t see
      * visible before we re-read the word; pairs with the barrier between the
      * waker's bump of the word and its read of sleepers (rdv_wake_all). */
     rdv_fetch_add(ksleepers, 1, __ATOMIC_SEQ_CST);
+    /* relaxed: read only by whoever reclaims us after our death. Set after
+     * the increment and cleared before the decrement, so a death in between
+     * can only leave sleepers one too high (a spare wake), never too low. */
+    if (krecord)
+        WRITE_ONCE(*krecord, READ_ONCE(*krecord) | RDV_WAIT_SLEEPING);
     smp_mb();
     int rc = 0;
     if (READ_ONCE(*kword) == seen && !rdv_is_aborted(h))
         rc = futex_wait(kword, seen, left);
+    if (krecord)
+        WRITE_ONCE(*krecord, READ_ONCE(*krecord) & ~RDV_WAIT_SLEEPING);
     rdv_fetch_add(ksleepers, (uint32_t)-1, __ATOMIC_RELEASE);
 
     /* Adapt the budget: a wake within the largest budget means a longer spin

@@ -7,7 +7,7 @@
 
 #define RDV_KEY_MAX 4096
 #define RDV_NDIM_MAX 32
-#define RDV_DTYPE_MAX 28
+#define RDV_DTYPE_MAX 24
 #define RDV_REASON_MAX 1024
 #define RDV_NAME_MAX 200
 
@@ -81,3 +81,21 @@ int rdv_abort(rdv_t *h, const char *reason, uint32_t reason_len);
 int rdv_abort_reason(rdv_t *h, char *buf, uint32_t cap, uint32_t *len);
 
 int rdv_stats(rdv_t *h, struct rdv_stats *out);
+
+/* One attached handle, as the process table and the arena show it. */
+struct rdv_proc_info {
+    uint32_t entry;
+    uint32_t pid;
+    uint32_t state;        /* 1 attached, 2 being reclaimed */
+    uint32_t alive;        /* its process still holds the entry's kernel lock */
+    uint64_t attached_ns;  /* CLOCK_REALTIME */
+    uint64_t views;        /* received blocks it holds */
+    uint64_t view_bytes;
+    uint64_t writing;      /* blocks it is writing (send, alloc) */
+    uint64_t waits;        /* receives it is blocked in */
+};
+
+/* Up to cap entries into out; *n is how many were written. */
+int rdv_procs(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t *n);
+/* Reclaim everything held by processes that died; *reclaimed counts them. */
+int rdv_gc(rdv_t *h, uint32_t *reclaimed);

@@ -16,7 +16,7 @@ from .errors import (
 )
 from .keys import ParsedKey, create_key, parse_key
 from .rendezvous import DEFAULT_SIZE, Rendezvous
-from .stats import Stats
+from .stats import ProcessInfo, Stats
 
 __all__ = [
     "Aborted",
@@ -25,6 +25,7 @@ __all__ = [
     "InvalidType",
     "MessageTooLarge",
     "ParsedKey",
+    "ProcessInfo",
     "Rendezvous",
     "RendezvousError",
     "RendezvousTimeout",

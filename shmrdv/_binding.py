@@ -24,6 +24,7 @@ _ERRORS: Dict[int, Callable[[str], Exception]] = {
     errno.EPROTO: lambda what: SegmentMismatch(f"{what}: not a shmrdv segment (bad magic)"),
     errno.EPROTONOSUPPORT: lambda what: SegmentMismatch(f"{what}: segment has another layout version"),
     errno.EFBIG: lambda what: SegmentMismatch(f"{what}: segment size does not match its header"),
+    errno.EUSERS: lambda what: RendezvousError(f"{what}: too many handles attached (128)"),
 }
 
 

@@ -10,14 +10,14 @@ import warnings
 import weakref
 from concurrent.futures import Future
 from functools import partial
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import posix_ipc
 
 from ._binding import ffi, lib, raise_rc
 from .errors import Aborted, InvalidArgument, InvalidType, RendezvousError, SegmentMismatch
-from .stats import Stats
+from .stats import ProcessInfo, Stats
 
 DEFAULT_SIZE = 64 << 20
 """Arena bytes of a rendezvous created without ``size``."""
@@ -25,6 +25,7 @@ SEGMENT_PREFIX = "/shmrdv-"
 """A rendezvous NAME lives in the POSIX shm object ``/shmrdv-NAME`` (``/dev/shm/shmrdv-NAME``)."""
 
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,%d}\Z" % lib.RDV_NAME_MAX)
+_MAX_PROCS = 128  # the segment's process table (RDV_MAX_PROCS)
 _ATTACH_WAIT_S = 2.0  # how long an attacher waits for a creator to finish initialising
 _DTYPE_KINDS = "biufcmMSU"  # plain, fixed-size, non-object dtypes
 _NS = 1_000_000_000
@@ -600,3 +601,31 @@ class Rendezvous:
             max_keys=out.max_keys,
             aborted=bool(out.aborted),
         )
+
+    def processes(self) -> List[ProcessInfo]:
+        """The handles attached to this rendezvous (this one included), with
+        whether their process is alive and what each holds."""
+        out = ffi.new("struct rdv_proc_info[]", _MAX_PROCS)
+        n = ffi.new("uint32_t *")
+        rc = lib.rdv_procs(self._handle(), out, _MAX_PROCS, n)
+        if rc < 0:
+            raise_rc(rc, "processes")
+        return [
+            ProcessInfo(
+                entry=p.entry, pid=p.pid, alive=bool(p.alive), reclaiming=p.state == 2,
+                attached_at=p.attached_ns / 1e9, views=p.views, view_bytes=p.view_bytes,
+                writing=p.writing, waits=p.waits,
+            )
+            for p in out[0 : n[0]]
+        ]
+
+    def collect_garbage(self) -> int:
+        """Reclaim what dead processes held (their views, half-written blocks,
+        waits, locks); returns how many dead processes were reclaimed. Also
+        happens on its own: at every attach, and when a lock holder or a full
+        arena stays stuck."""
+        n = ffi.new("uint32_t *")
+        rc = lib.rdv_gc(self._handle(), n)
+        if rc < 0:
+            raise_rc(rc, "collect_garbage")
+        return int(n[0])

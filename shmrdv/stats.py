@@ -24,3 +24,27 @@ class Stats:
     """How many keys the index holds at most."""
     aborted: bool
     """Whether the rendezvous has been aborted."""
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One handle attached to a rendezvous, as ``Rendezvous.processes()`` sees it."""
+
+    entry: int
+    """Its slot in the segment's process table."""
+    pid: int
+    """The process id it registered with (as seen from its own pid namespace)."""
+    alive: bool
+    """Whether the process still holds its entry's kernel lock (dead ones get reclaimed)."""
+    reclaiming: bool
+    """Whether another process is reclaiming what it held right now."""
+    attached_at: float
+    """When it attached, in seconds since the epoch."""
+    views: int
+    """Received messages whose views it still holds."""
+    view_bytes: int
+    """Arena bytes those views pin."""
+    writing: int
+    """Blocks it is filling (a send in progress, an open ``alloc``)."""
+    waits: int
+    """Receives it is blocked in."""

@@ -174,3 +174,38 @@ def recv_and_measure(name, key, queue):
     uss_after, anon_after = _memory_kib()
     queue.put({"uss_growth_kib": uss_after - uss_before, "anon_growth_kib": anon_after - anon_before,
                "sum": total, "size": view.size})
+
+
+# --- crash recovery: children that get SIGKILLed at a known point -------------------------------
+
+def hold_view_then_wait(name, key, queue):
+    """Receive one message, keep its view, report, and wait to be killed."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    view = rdv.recv(key, timeout=CHILD_TIMEOUT)
+    queue.put(checksum(view))
+    time.sleep(CHILD_TIMEOUT)
+
+
+def alloc_halfway_then_wait(name, key, nbytes, queue):
+    """Open an alloc block, fill half of it, report, and wait to be killed inside the block."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    with rdv.alloc(key, (nbytes,), np.uint8) as buf:
+        buf[: nbytes // 2] = 7
+        queue.put("inside")
+        time.sleep(CHILD_TIMEOUT)
+
+
+def send_then_wait(name, key, seed, nbytes, queue):
+    """Send one message, report that send returned, and wait to be killed."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    rdv.send(key, payload(seed, nbytes), timeout=CHILD_TIMEOUT)
+    queue.put("sent")
+    time.sleep(CHILD_TIMEOUT)
+
+
+def report_entry_then_recv(name, key, queue):
+    """Report this handle's process-table entry, then block in recv until killed."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    mine = [p.entry for p in rdv.processes() if p.pid == os.getpid()]
+    queue.put(max(mine))
+    rdv.recv(key, timeout=CHILD_TIMEOUT)
