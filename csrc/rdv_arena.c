@@ -59,8 +59,11 @@ static void reclaim(rdv_t *h) {
         /* acquire: pairs with the release CAS that set FREE in rdv_arena_free:
          * the owner's last access to the block happens before we reuse it */
         uint32_t v = smp_load_acquire(kent);
+        uint64_t len = (uint64_t)RDV_SIDE_LEN(v) * RDV_GRANULE;
         if (!(v & RDV_SIDE_FREE))
             break; /* in use, or reserved and not yet published */
+        if (len == 0 || len > READ_ONCE(khdr->p_tail) - hd)
+            break; /* a damaged entry: never walk the head past the tail */
         /* Claim the entry, then move the head. The head CAS fails only if the
          * head moved on since we read it (the entry we claimed then belongs
          * to a later lap): give it back and start over. */
@@ -69,8 +72,7 @@ static void reclaim(rdv_t *h) {
         uint64_t want = hd;
         /* release: publishes the cleared entry and the freed space to
          * allocators (their acquire load of c_head) */
-        if (!rdv_cas(&khdr->c_head, &want, hd + (uint64_t)RDV_SIDE_LEN(v) * RDV_GRANULE,
-                     __ATOMIC_RELEASE)) {
+        if (!rdv_cas(&khdr->c_head, &want, hd + len, __ATOMIC_RELEASE)) {
             smp_store_release(kent, v);
             continue;
         }

@@ -319,7 +319,9 @@ static int do_abort_reason(rdv_t *h, char *buf, uint32_t cap, uint32_t *len) {
     /* acquire: pairs with the release of RDV_ABORTED; while ABORTING the
      * reason is being written, so wait for it (a few stores) */
     uint32_t st;
-    while ((st = smp_load_acquire(&khdr->abort_state)) == RDV_ABORTING)
+    /* bounded: an aborter that died mid-write leaves the state ABORTING */
+    for (int spins = 0; (st = smp_load_acquire(&khdr->abort_state)) == RDV_ABORTING && spins < 100000;
+         spins++)
         rdv_cpu_relax();
     if (st == RDV_RUNNING) {
         *len = 0;

@@ -113,11 +113,28 @@ int rdv_proc_reclaim_dead(rdv_t *h, uint32_t *reclaimed) {
     return 0;
 }
 
+static void reclaim_locks(rdv_t *h, uint32_t dead);
+
 /* Called by a lock waiter that has spun a while on a lock `holder` holds. */
 void rdv_lock_holder_check(rdv_t *h, uint32_t *klock, uint32_t holder) {
-    (void)klock;
-    if (holder == 0 || holder > RDV_MAX_PROCS || !rdv_proc_alive(h, holder - 1))
-        rdv_proc_reclaim_dead(h, NULL);
+    uint32_t entry = holder - 1;
+    if (holder > RDV_MAX_PROCS) {
+        uint32_t expected = holder;
+        /* release: a lock word naming no entry at all is damage; free it */
+        rdv_cas(klock, &expected, 0, __ATOMIC_RELEASE);
+        return;
+    }
+    if (rdv_proc_alive(h, entry))
+        return;
+    rdv_proc_reclaim_dead(h, NULL);
+    /* A lock naming a FREE entry (damage, or a holder reclaimed without its
+     * locks being found) is repaired on its own, under that entry's byte lock. */
+    if (READ_ONCE(*klock) == holder && byte_lock(h->fd, entry, F_WRLCK) == 0) {
+        /* acquire: pairs with the release of FREE */
+        if (smp_load_acquire(&h->kprocs[entry].state) == RDV_PROC_FREE)
+            reclaim_locks(h, entry);
+        byte_lock(h->fd, entry, F_UNLCK);
+    }
 }
 
 /* ---- wait records ----------------------------------------------------------*/
@@ -249,11 +266,11 @@ static void repair_islands(rdv_t *h) {
     }
 }
 
-static void reclaim_entry(rdv_t *h, uint32_t dead) {
+/* Slot, ins and island locks the dead entry held: repair, then let go.
+ * Inserts hold ins_lock around a slot lock, so slots come first. */
+static void reclaim_locks(rdv_t *h, uint32_t dead) {
     struct rdv_header *khdr = h->khdr;
     uint32_t who = dead + 1;
-    /* 1. Slot locks it held: repair, then let go. Inserts hold ins_lock
-     * around a slot lock, so slots come first. */
     for (uint64_t i = 0; i <= h->slot_mask; i++) {
         struct rdv_slot *s = &h->kslots[i];
         if (READ_ONCE(s->lock) == who) {
@@ -271,6 +288,13 @@ static void reclaim_entry(rdv_t *h, uint32_t dead) {
         repair_islands(h);
         rdv_slot_unlock(&khdr->island_lock);
     }
+}
+
+static void reclaim_entry(rdv_t *h, uint32_t dead) {
+    struct rdv_header *khdr = h->khdr;
+    uint32_t who = dead + 1;
+    /* 1. Its locks. */
+    reclaim_locks(h, dead);
     /* 2. Its waits. */
     struct rdv_proc *p = &h->kprocs[dead];
     for (int i = 0; i < RDV_PROC_WAITS; i++) {

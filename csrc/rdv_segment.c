@@ -81,17 +81,45 @@ static void unmap(rdv_t *h) {
     close(h->fd);
 }
 
-/* Map, then register in the process table; undo the mapping on failure. */
-static int map_and_register(int fd, const struct layout *l, rdv_t **out) {
-    int rc = map_segment(fd, l, out);
-    if (rc < 0)
-        return rc;
-    rc = rdv_proc_register(*out);
-    if (rc < 0) {
-        unmap(*out);
-        free(*out);
+/* Check what the running state of a segment says before trusting it: ring
+ * positions, islands, key slots and process entries must all be in range
+ * (they are at every instant, however busy the segment; only damage breaks
+ * them). Offsets and lengths are checked again wherever they are used. */
+static int validate_state(rdv_t *h) {
+    struct rdv_header *khdr = h->khdr;
+    uint64_t hd, t;
+    for (int tries = 0;; tries++) {
+        /* acquire/relaxed: head, tail, head again, so the pair is consistent */
+        hd = smp_load_acquire(&khdr->c_head);
+        t = READ_ONCE(khdr->p_tail);
+        if (smp_load_acquire(&khdr->c_head) == hd)
+            break;
+        if (tries == 100)
+            return -EBADMSG;
     }
-    return rc;
+    if (t - hd > h->cap || hd % RDV_GRANULE || t % RDV_GRANULE)
+        return -EBADMSG;
+    for (int i = 0; i < RDV_MAX_ISLANDS; i++) {
+        uint64_t w = READ_ONCE(khdr->islands[i]);
+        uint64_t off = ((w >> 30) & 0x3fffffffu) * RDV_GRANULE, len = (w & 0x3fffffffu) * RDV_GRANULE;
+        if (w && ((w & ~RDV_ISLAND_VALID) >> 60 || !(w & RDV_ISLAND_VALID) || off >= h->cap ||
+                  len == 0 || len > h->cap))
+            return -EBADMSG;
+    }
+    uint64_t granules = h->cap / RDV_GRANULE;
+    for (uint64_t i = 0; i <= h->slot_mask; i++) {
+        const struct rdv_slot *s = &h->kslots[i];
+        /* relaxed: range checks that hold whatever moment they are read at */
+        if (READ_ONCE(s->state) > RDV_SLOT_TOMB || READ_ONCE(s->key_len) > RDV_KEY_MAX ||
+            READ_ONCE(s->q_head) > granules || READ_ONCE(s->q_tail) > granules ||
+            READ_ONCE(s->max_probe) > h->slot_mask || READ_ONCE(s->lock) > RDV_MAX_PROCS ||
+            READ_ONCE(s->ins_lock) > RDV_MAX_PROCS)
+            return -EBADMSG;
+    }
+    for (uint32_t i = 0; i < RDV_MAX_PROCS; i++)
+        if (READ_ONCE(h->kprocs[i].state) > RDV_PROC_RECLAIMING)
+            return -EBADMSG;
+    return 0;
 }
 
 int rdv_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out) {
@@ -178,7 +206,17 @@ int rdv_attach(int fd, rdv_t **out) {
     munmap(khdr, RDV_PAGE);
     if (rc < 0)
         return rc;
-    return map_and_register(fd, &l, out);
+    rc = map_segment(fd, &l, out);
+    if (rc < 0)
+        return rc;
+    rc = validate_state(*out);
+    if (rc == 0)
+        rc = rdv_proc_register(*out);
+    if (rc < 0) {
+        unmap(*out);
+        free(*out);
+    }
+    return rc;
 }
 
 /* Closed handles stay allocated (see rdv_get) and reachable from here. */
