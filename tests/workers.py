@@ -209,3 +209,67 @@ def report_entry_then_recv(name, key, queue):
     mine = [p.entry for p in rdv.processes() if p.pid == os.getpid()]
     queue.put(max(mine))
     rdv.recv(key, timeout=CHILD_TIMEOUT)
+
+
+# --- kill soak: workers that may be SIGKILLed at any moment ---------------------------------------
+
+SOAK_MAGIC = 0x5EED_50AC
+SOAK_SENT, SOAK_RECEIVED, SOAK_CORRUPT = 1, 2, 3
+SOAK_RECORD = "<QQQ"  # kind, message id, checksum: one os.write each, so a kill never tears one
+
+
+def soak_message(message_id: int, n_words: int, rng) -> np.ndarray:
+    """[magic, id, length, body..., checksum of the body]: self-checking, whoever receives it."""
+    words = np.empty(n_words, dtype=np.uint64)
+    words[:3] = (SOAK_MAGIC, message_id, n_words)
+    words[3:-1] = rng.integers(0, 2**63, n_words - 4, dtype=np.uint64)
+    words[-1] = soak_checksum(words)
+    return words
+
+
+def soak_checksum(words: np.ndarray) -> int:
+    return zlib.crc32(words[3:-1].tobytes())
+
+
+def soak_check(view) -> tuple[int, bool]:
+    """(message id, intact?) of a received soak message."""
+    words = np.asarray(view)
+    intact = (
+        words.dtype == np.uint64 and words.ndim == 1 and len(words) >= 4 and int(words[0]) == SOAK_MAGIC
+        and int(words[2]) == len(words) and int(words[-1]) == soak_checksum(words)
+    )
+    return (int(words[1]) if len(words) > 1 else -1), intact
+
+
+def soak_worker(name, incarnation, n_keys, log_path, stop_path, seed):
+    """Random send/alloc/recv on n_keys keys until the stop file appears; log what completed."""
+    import struct
+
+    rdv = shmrdv.Rendezvous(name, create=False)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    rng = np.random.default_rng(seed)
+    pick = random.Random(seed)
+    seq = 0
+    while not os.path.exists(stop_path):
+        key = f"soak-{pick.randrange(n_keys)}"
+        op = pick.random()
+        message_id = incarnation << 32 | seq
+        n_words = pick.choice((4, 16, 300, 5000))
+        try:
+            if op < 0.3:
+                rdv.send(key, soak_message(message_id, n_words, rng), timeout=0.5)
+            elif op < 0.45:
+                with rdv.alloc(key, (n_words,), np.uint64, timeout=0.5) as buf:
+                    buf[...] = soak_message(message_id, n_words, rng)
+            else:
+                view = rdv.recv(key, timeout=0.02)
+                got, intact = soak_check(view)
+                del view
+                os.write(log, struct.pack(SOAK_RECORD, SOAK_RECEIVED if intact else SOAK_CORRUPT, got, 0))
+                continue
+        except shmrdv.RendezvousTimeout:
+            continue
+        os.write(log, struct.pack(SOAK_RECORD, SOAK_SENT, message_id, 0))
+        seq += 1
+    os.close(log)
+    rdv.close()
