@@ -440,6 +440,38 @@ int rdv_abort_reason(rdv_t *h, char *buf, uint32_t cap, uint32_t *len) {
 
 int rdv_stats(rdv_t *h, struct rdv_stats *out) { WITH_REF(h, do_stats(h, out)); }
 
+/* Live keys, read under each slot's lock (the name from its oldest message). */
+static int do_keys(rdv_t *h, struct rdv_key_info *out, uint32_t cap, uint32_t *n) {
+    uint32_t k = 0;
+    for (uint64_t i = 0; i <= h->slot_mask && k < cap; i++) {
+        struct rdv_slot *s = &h->kslots[i];
+        if (READ_ONCE(s->state) != RDV_SLOT_LIVE) /* relaxed: re-checked under the lock */
+            continue;
+        rdv_slot_lock(h, &s->lock);
+        if (s->state == RDV_SLOT_LIVE) {
+            struct rdv_key_info *ki = &out[k++];
+            memset(ki, 0, sizeof *ki);
+            ki->pending = s->count;
+            ki->waiters = s->waiters;
+            uint64_t off = (uint64_t)(s->q_head - 1) * RDV_GRANULE;
+            const struct rdv_msg *m = rdv_msg_at(h, off);
+            uint64_t len;
+            if (s->q_head && off < h->cap && m->pos % h->cap == off &&
+                rdv_arena_check_busy(h, m->pos, &len) == 0 && m->ndim <= RDV_NDIM_MAX &&
+                m->key_len == s->key_len && 64 + 16ull * m->ndim + m->key_len <= len) {
+                ki->full_len = m->key_len;
+                ki->key_len = m->key_len < sizeof ki->key ? m->key_len : sizeof ki->key;
+                memcpy(ki->key, (const char *)(m + 1) + 16ull * m->ndim, ki->key_len);
+            }
+        }
+        rdv_slot_unlock(&s->lock);
+    }
+    *n = k;
+    return 0;
+}
+
+int rdv_keys(rdv_t *h, struct rdv_key_info *out, uint32_t cap, uint32_t *n) { WITH_REF(h, do_keys(h, out, cap, n)); }
+
 int rdv_procs(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t *n) {
     WITH_REF(h, rdv_procs_impl(h, out, cap, n));
 }

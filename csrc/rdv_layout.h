@@ -190,6 +190,8 @@ struct rdv {
     struct rdv_proc *kprocs;
     int fd;             /* the segment file, kept open: it carries our byte lock */
     uint32_t me;        /* our process entry; lock words hold me + 1 */
+    uint32_t reaped;    /* dead processes this handle reclaimed, and the first pids */
+    uint32_t reaped_pids[16];
 };
 
 /* rdv_segment.c: references on a handle's mapping. A handle struct is never

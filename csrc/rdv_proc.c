@@ -100,6 +100,9 @@ int rdv_proc_reclaim_dead(rdv_t *h, uint32_t *reclaimed) {
         /* acquire: pairs with the release of ALIVE/FREE */
         uint32_t st = smp_load_acquire(&p->state);
         if (st != RDV_PROC_FREE) {
+            uint32_t r = __atomic_fetch_add(&h->reaped, 1, __ATOMIC_RELAXED); /* process-local */
+            if (r < 16)
+                h->reaped_pids[r] = READ_ONCE(p->pid);
             WRITE_ONCE(p->state, RDV_PROC_RECLAIMING); /* for shmrdv ls */
             reclaim_entry(h, i);
             /* release: the repairs above happen before the entry is reused */
@@ -384,4 +387,11 @@ int rdv_procs_impl(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t *
     }
     *n = k;
     return 0;
+}
+
+uint32_t rdv_reaped(rdv_t *h, uint32_t *pids, uint32_t cap) {
+    uint32_t n = __atomic_load_n(&h->reaped, __ATOMIC_RELAXED); /* process-local */
+    for (uint32_t i = 0; i < n && i < cap && i < 16; i++)
+        pids[i] = h->reaped_pids[i];
+    return n;
 }

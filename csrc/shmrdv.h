@@ -97,5 +97,21 @@ struct rdv_proc_info {
 
 /* Up to cap entries into out; *n is how many were written. */
 int rdv_procs(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t *n);
+/* One live key: its pending messages and waiters, and its name as the
+ * oldest pending message carries it (key_len 0 when none is pending). */
+struct rdv_key_info {
+    uint32_t pending;
+    uint32_t waiters;
+    uint32_t key_len;  /* bytes in key; the full length may be longer */
+    uint32_t full_len;
+    char key[256];
+};
+
+int rdv_keys(rdv_t *h, struct rdv_key_info *out, uint32_t cap, uint32_t *n);
+
+/* How many dead processes this handle has reclaimed (attaching reclaims),
+ * and the pids of the first ones (up to cap, at most 16). */
+uint32_t rdv_reaped(rdv_t *h, uint32_t *pids, uint32_t cap);
+
 /* Reclaim everything held by processes that died; *reclaimed counts them. */
 int rdv_gc(rdv_t *h, uint32_t *reclaimed);

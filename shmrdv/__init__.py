@@ -16,13 +16,14 @@ from .errors import (
 )
 from .keys import ParsedKey, create_key, parse_key
 from .rendezvous import DEFAULT_SIZE, Rendezvous
-from .stats import ProcessInfo, Stats
+from .stats import KeyInfo, ProcessInfo, Stats
 
 __all__ = [
     "Aborted",
     "DEFAULT_SIZE",
     "InvalidArgument",
     "InvalidType",
+    "KeyInfo",
     "MessageTooLarge",
     "ParsedKey",
     "ProcessInfo",

@@ -9,6 +9,10 @@ from typing import Dict, List, Optional
 
 COMMANDS: Dict[str, str] = {
     "demo": "two processes exchange tensors; prints what moved and how fast",
+    "ls": "list rendezvous segments: size, use, attached processes (alive or dead)",
+    "stat": "one rendezvous in detail: keys, pending bytes, waiters, what each process holds",
+    "rm": "remove rendezvous segments",
+    "gc": "reclaim what dead processes held; --unlink-orphans removes segments nobody live uses",
 }
 
 

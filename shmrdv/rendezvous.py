@@ -17,7 +17,7 @@ import posix_ipc
 
 from ._binding import ffi, lib, raise_rc
 from .errors import Aborted, InvalidArgument, InvalidType, RendezvousError, SegmentMismatch
-from .stats import ProcessInfo, Stats
+from .stats import KeyInfo, ProcessInfo, Stats
 
 DEFAULT_SIZE = 64 << 20
 """Arena bytes of a rendezvous created without ``size``."""
@@ -222,6 +222,14 @@ class _RecvFuture(Future):  # type: ignore[type-arg]
         return super().cancel()
 
 
+def unlink_segment(name: str) -> None:
+    """Remove the segment of rendezvous ``name`` if it exists."""
+    try:
+        posix_ipc.unlink_shared_memory(SEGMENT_PREFIX + name)
+    except posix_ipc.ExistentialError:
+        pass
+
+
 class Allocation:
     """A reserved block of the arena, returned by ``Rendezvous.alloc``: a
     context manager whose ``__enter__`` reserves the block and returns a
@@ -379,10 +387,7 @@ class Rendezvous:
     def unlink(self) -> None:
         """Remove the segment's name; idempotent. Processes still attached keep
         their mapping; nothing remains under /dev/shm once all have closed."""
-        try:
-            posix_ipc.unlink_shared_memory(self._path)
-        except posix_ipc.ExistentialError:
-            pass
+        unlink_segment(self._name)
 
     def __enter__(self) -> "Rendezvous":
         return self
@@ -618,6 +623,29 @@ class Rendezvous:
             )
             for p in out[0 : n[0]]
         ]
+
+    def keys(self, limit: int = 100_000) -> List[KeyInfo]:
+        """The live keys (with messages pending or receivers waiting), up to limit."""
+        limit = _positive_int(limit, "limit")
+        out = ffi.new("struct rdv_key_info[]", limit)
+        n = ffi.new("uint32_t *")
+        rc = lib.rdv_keys(self._handle(), out, limit, n)
+        if rc < 0:
+            raise_rc(rc, "keys")
+        result = []
+        for k in out[0 : n[0]]:
+            name = ffi.unpack(k.key, k.key_len).decode("utf-8", "replace") if k.key_len else None
+            if name is not None and k.full_len > k.key_len:
+                name += "..."
+            result.append(KeyInfo(name=name, pending=k.pending, waiters=k.waiters))
+        return result
+
+    def reclaimed_pids(self) -> List[int]:
+        """Pids of the dead processes this handle has reclaimed so far (attaching
+        reclaims the dead it finds; at most the first 16 are remembered)."""
+        pids = ffi.new("uint32_t[16]")
+        n = lib.rdv_reaped(self._handle(), pids, 16)
+        return list(pids[0 : min(n, 16)])
 
     def collect_garbage(self) -> int:
         """Reclaim what dead processes held (their views, half-written blocks,

@@ -1,5 +1,6 @@
-"""A snapshot of a rendezvous's state, as ``Rendezvous.stats()`` returns it."""
+"""Snapshots of a rendezvous: ``Stats``, ``ProcessInfo``, ``KeyInfo``."""
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -48,3 +49,16 @@ class ProcessInfo:
     """Blocks it is filling (a send in progress, an open ``alloc``)."""
     waits: int
     """Receives it is blocked in."""
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """One live key, as ``Rendezvous.keys()`` sees it."""
+
+    name: Optional[str]
+    """The key, read from its oldest pending message (None when it has only waiters);
+    cut at 256 bytes, with ``...`` appended, when longer."""
+    pending: int
+    """Messages queued under it."""
+    waiters: int
+    """Receivers blocked on it."""

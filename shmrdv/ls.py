@@ -1,0 +1,33 @@
+"""``shmrdv ls``: every rendezvous segment on this machine, its size and use,
+and the processes attached to it, alive or dead. Looking attaches, and
+attaching reclaims what dead processes held: those show as "dead, reclaimed"."""
+import argparse
+import os
+
+from .errors import RendezvousError
+from .rendezvous import Rendezvous
+from .segments import human_bytes, others, segment_names, segment_path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """No options: lists every /dev/shm/shmrdv-* segment."""
+
+
+def run(args: argparse.Namespace) -> int:
+    names = segment_names()
+    if not names:
+        print("no shmrdv segments in /dev/shm")
+        return 0
+    print(f"{'NAME':<32} {'FILE':>10} {'USED':>10} {'ARENA':>10} {'PENDING':>8} {'KEYS':>6}  PROCESSES")
+    for name in names:
+        try:
+            size = os.path.getsize(segment_path(name))
+            with Rendezvous(name, create=False) as rdv:
+                st, procs, dead = rdv.stats(), others(rdv.processes(), os.getpid()), rdv.reclaimed_pids()
+        except (RendezvousError, OSError) as exc:
+            print(f"{name:<32} unreadable: {exc}")
+            continue
+        who = [f"{p.pid}{'' if p.alive else ' (dead)'}" for p in procs] + [f"{pid} (dead, reclaimed)" for pid in dead]
+        print(f"{name:<32} {human_bytes(size):>10} {human_bytes(st.bytes_used):>10} {human_bytes(st.capacity):>10} "
+              f"{st.pending_messages:>8} {st.keys:>6}  {', '.join(who) or 'none'}{'  ABORTED' if st.aborted else ''}")
+    return 0

@@ -1,0 +1,70 @@
+"""The operations commands: shmrdv ls, stat, rm, gc (run as a user would, in a subprocess)."""
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import shmrdv
+
+from . import workers
+from .conftest import segment_path
+
+
+def shmrdv_cli(*args):
+    run = subprocess.run([sys.executable, "-m", "shmrdv", *args], capture_output=True, text=True, timeout=60)
+    return run.returncode, run.stdout + run.stderr
+
+
+@pytest.mark.timeout(120)
+def test_ls_stat_gc_rm_with_a_dead_receiver(rdv, children):
+    rdv.send("/job:w/task:0;0000000000000001;/job:w/task:1;edge;0:0", np.arange(100))
+    rdv.send("held", np.arange(50_000))
+    queue = children.context.Queue()
+    child = children.start(workers.hold_view_then_wait, rdv.name, "held", queue)
+    queue.get(timeout=30)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(10)
+
+    code, out = shmrdv_cli("ls")
+    assert code == 0 and rdv.name in out
+    line = next(line for line in out.splitlines() if line.startswith(rdv.name))
+    assert f"{child.pid} (dead, reclaimed)" in line and str(os.getpid()) in line
+
+    code, out = shmrdv_cli("stat", rdv.name)
+    assert code == 0
+    assert "1 pending on 1 keys" in out and "edge;0:0" in out and f"pid {os.getpid()}" in out
+    # The dead receiver's view was reclaimed: once the older pending message is taken, all is free.
+    rdv.recv("/job:w/task:0;0000000000000001;/job:w/task:1;edge;0:0", timeout=5)  # dropped at once
+    assert rdv.stats().bytes_used == 0
+
+    code, out = shmrdv_cli("gc", rdv.name)
+    assert code == 0 and "1 live process(es)" in out
+    assert os.path.exists(segment_path(rdv.name))  # we are attached: not an orphan
+
+    code, out = shmrdv_cli("rm", rdv.name)
+    assert code == 0 and "removed" in out and not os.path.exists(segment_path(rdv.name))
+
+
+def test_gc_unlinks_orphans_only(rdv_name):
+    other = rdv_name + "-live"
+    with shmrdv.Rendezvous(rdv_name, size=1 << 16, create=True) as orphan:
+        orphan.send("k", np.arange(3))
+    live = shmrdv.Rendezvous(other, size=1 << 16, create=True)
+    try:
+        code, out = shmrdv_cli("gc", rdv_name, other, "--unlink-orphans")
+        assert code == 0, out
+        assert not os.path.exists(segment_path(rdv_name)) and "1 pending message(s) dropped" in out
+        assert os.path.exists(segment_path(other))
+    finally:
+        live.close()
+        live.unlink()
+
+
+def test_stat_and_rm_of_a_missing_rendezvous(rdv_name):
+    code, out = shmrdv_cli("stat", rdv_name)
+    assert code != 0 and "no such rendezvous" in out
+    code, out = shmrdv_cli("rm", rdv_name)
+    assert code == 1 and "no such rendezvous" in out
