@@ -13,7 +13,10 @@
  * block becomes an island: recorded in the header's island table, stepped
  * over by c_head, and skipped by allocators (which cover it with a padding
  * block that is free from birth and never written) until its view is dropped. */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include "rdv_atomic.h"
 #include "rdv_layout.h"
@@ -60,22 +63,40 @@ static void reclaim(rdv_t *h) {
          * the owner's last access to the block happens before we reuse it */
         uint32_t v = smp_load_acquire(kent);
         uint64_t len = (uint64_t)RDV_SIDE_LEN(v) * RDV_GRANULE;
-        if (!(v & RDV_SIDE_FREE))
-            break; /* in use, or reserved and not yet published */
+        if (!(v & RDV_SIDE_FREE) || RDV_SIDE_CLAIMED(v))
+            break; /* in use, being reserved, or claimed by another reclaimer */
         if (len == 0 || len > READ_ONCE(khdr->p_tail) - hd)
             break; /* a damaged entry: never walk the head past the tail */
-        /* Claim the entry, then move the head. The head CAS fails only if the
-         * head moved on since we read it (the entry we claimed then belongs
-         * to a later lap): give it back and start over. */
-        if (!rdv_cas(kent, &v, 0, __ATOMIC_ACQ_REL))
-            continue;
-        uint64_t want = hd;
-        /* release: publishes the cleared entry and the freed space to
-         * allocators (their acquire load of c_head) */
-        if (!rdv_cas(&khdr->c_head, &want, hd + len, __ATOMIC_RELEASE)) {
-            smp_store_release(kent, v);
-            continue;
+        /* Claim the entry (naming us), move the head, clear the entry. The
+         * head CAS fails only if the head moved on since we read it (the
+         * entry we claimed then belongs to a later lap): give it back. Our op
+         * record lets whoever reclaims us finish or undo this if we die. */
+        struct rdv_proc *kme = &h->kprocs[h->me];
+        pthread_mutex_lock(&h->op_lock);
+        /* relaxed: read only after our death; program order puts them first */
+        WRITE_ONCE(kme->op_pos, hd);
+        WRITE_ONCE(kme->op_val, v);
+        WRITE_ONCE(kme->op_kind, RDV_OP_RECLAIM);
+        int ok = 0;
+        /* acq_rel: pairs with the release FREE in rdv_arena_free (the owner's
+         * last access happens before us) and with other claimers */
+        if (rdv_cas(kent, &v, RDV_SIDE_CLAIM | h->me, __ATOMIC_ACQ_REL)) {
+            uint64_t want = hd;
+            /* release: publishes the freed space to allocators (their
+             * acquire load of c_head) */
+            if (rdv_cas(&khdr->c_head, &want, hd + len, __ATOMIC_RELEASE)) {
+                /* release: the entry is behind the head now; pairs with the
+                 * acquire load of an allocator that comes round to it */
+                smp_store_release(kent, 0);
+                ok = 1;
+            } else {
+                smp_store_release(kent, v);
+            }
         }
+        WRITE_ONCE(kme->op_kind, RDV_OP_NONE);
+        pthread_mutex_unlock(&h->op_lock);
+        if (!ok)
+            continue;
         moved = 1;
         /* full barrier: our head store before the next entry's load; pairs
          * with the barrier in rdv_arena_free between its FREE store and its
@@ -135,18 +156,62 @@ static int pin_head(rdv_t *h, uint64_t hd) {
     return moved;
 }
 
+/* Reserve [t, t+take) at the tail: claim the side entry at t (naming us),
+ * move the tail, publish the entry. While the claim stands nobody else can
+ * move the tail off t (producers that find a claimed entry at the tail wait
+ * for it), so the tail CAS fails only if t was stale: then the claim is
+ * undone. Our op record lets whoever reclaims us finish or undo this if we
+ * die in between. 0, or -EAGAIN to retry. */
+static int reserve(rdv_t *h, uint32_t *kent, uint64_t t, uint64_t take, uint32_t flags) {
+    struct rdv_proc *kme = &h->kprocs[h->me];
+    uint32_t zero = 0;
+    int rc = -EAGAIN;
+    pthread_mutex_lock(&h->op_lock);
+    /* relaxed: read only after our death; program order puts them first */
+    WRITE_ONCE(kme->op_pos, t);
+    WRITE_ONCE(kme->op_val, (uint32_t)(take / RDV_GRANULE));
+    WRITE_ONCE(kme->op_kind, RDV_OP_ALLOC);
+    /* acquire: pairs with the release clear of the entry by the reclaimer
+     * that last passed it, so its accesses to the space happen first */
+    if (rdv_cas(kent, &zero, RDV_SIDE_CLAIM | h->me, __ATOMIC_ACQUIRE)) {
+        uint64_t want = t;
+        /* relaxed: the claim, not the tail, is what other producers obey */
+        if (rdv_cas(&h->khdr->p_tail, &want, t + take, __ATOMIC_RELAXED)) {
+            /* release: publishes the block (BUSY, or FREE for padding) to
+             * reclaimers; pairs with their acquire load of the entry */
+            smp_store_release(kent, (uint32_t)(take / RDV_GRANULE) | flags);
+            rc = 0;
+        } else {
+            smp_store_release(kent, 0); /* stale t: undo */
+        }
+    }
+    WRITE_ONCE(kme->op_kind, RDV_OP_NONE);
+    pthread_mutex_unlock(&h->op_lock);
+    return rc;
+}
+
+/* A producer found the tail's entry claimed: wait for the claimer, and if it
+ * stays, find out whether it died (reclaiming it finishes or undoes its step). */
+static void wait_for_claim(rdv_t *h, uint32_t claim, unsigned *spins) {
+    rdv_cpu_relax();
+    if ((++*spins & 63) == 0)
+        sched_yield(); /* the claimer may be preempted on this CPU */
+    if ((*spins & 4095) == 0 && !rdv_proc_alive(h, RDV_SIDE_CLAIMER(claim)))
+        rdv_proc_reclaim_dead(h, NULL);
+}
+
 int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos) {
     struct rdv_header *khdr = h->khdr;
     uint64_t n = (nbytes + RDV_GRANULE - 1) & ~(uint64_t)(RDV_GRANULE - 1);
     if (n == 0 || n > h->cap)
         return -EMSGSIZE;
-    /* relaxed: a stale tail only makes the CAS below fail and retry */
-    uint64_t t = READ_ONCE(khdr->p_tail);
     uint64_t padded = 0; /* once a whole lap is padding, islands leave no room */
+    unsigned spins = 0;
     for (;;) {
+        /* relaxed: a stale tail only makes reserve() fail and retry */
+        uint64_t t = READ_ONCE(khdr->p_tail);
         /* acquire: pairs with the release CAS of c_head in reclaim()/pin_head(),
-         * so the previous owners' accesses to the space we take happen first,
-         * and islands stepped over are visible to island_skip */
+         * so islands stepped over are visible to island_skip */
         uint64_t hd = smp_load_acquire(&khdr->c_head);
         uint64_t skip = island_skip(h, t % h->cap, n);
         uint64_t take = skip ? skip : n;
@@ -155,26 +220,87 @@ int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos) {
                 continue;
             return -ENOSPC;
         }
-        /* relaxed CAS: it only reserves [t, t+take); the side entry below is
-         * what publishes the block to reclaimers */
-        if (!rdv_cas(&khdr->p_tail, &t, t + take, __ATOMIC_RELAXED))
-            continue;
         uint32_t *kent = &h->kside[rdv_granule_of(h, t)];
+        /* relaxed: a first look; reserve() claims it with a CAS */
+        uint32_t cur = READ_ONCE(*kent);
+        if (cur != 0) {
+            if (READ_ONCE(khdr->p_tail) != t)
+                continue; /* our tail was stale */
+            if (!RDV_SIDE_CLAIMED(cur))
+                return -EBADMSG; /* only damage puts a block at the tail */
+            wait_for_claim(h, cur, &spins);
+            continue;
+        }
+        if (reserve(h, kent, t, take, skip ? RDV_SIDE_FREE : 0) < 0)
+            continue;
         if (skip) {
-            /* release: a padding block, free from birth; pairs with the
-             * acquire load in reclaim() */
-            smp_store_release(kent, (uint32_t)(take / RDV_GRANULE) | RDV_SIDE_FREE);
             smp_mb(); /* as in rdv_arena_free: entry store before head load */
             reclaim(h);
-            t += take;
             padded += take;
             continue;
         }
-        /* release: pairs with the acquire load in reclaim(); a BUSY entry stops it */
-        smp_store_release(kent, (uint32_t)(n / RDV_GRANULE));
         *pos = t;
         return 0;
     }
+}
+
+/* A process died in the middle of an arena step: finish or undo it, from its
+ * op record and its claim in the side table. Called with its byte lock held. */
+static int land_on_block_start(rdv_t *h, uint64_t target);
+
+void rdv_arena_recover_op(rdv_t *h, uint32_t dead) {
+    struct rdv_proc *kp = &h->kprocs[dead];
+    uint32_t kind = READ_ONCE(kp->op_kind), val = READ_ONCE(kp->op_val);
+    uint64_t pos = READ_ONCE(kp->op_pos);
+    WRITE_ONCE(kp->op_kind, RDV_OP_NONE);
+    uint32_t *kent = &h->kside[rdv_granule_of(h, pos)];
+    uint32_t claim = RDV_SIDE_CLAIM | dead;
+    if (kind == RDV_OP_NONE || READ_ONCE(*kent) != claim)
+        return; /* no step, or its claim failed or completed */
+    struct rdv_header *khdr = h->khdr;
+    uint64_t hd = smp_load_acquire(&khdr->c_head), t = READ_ONCE(khdr->p_tail);
+    if (kind == RDV_OP_ALLOC) {
+        /* Its tail CAS succeeded iff pos starts a block in the ring: then
+         * the block is its, never written: publish it as free padding. If
+         * the tail is still at pos it reserved nothing; otherwise its pos
+         * was stale and the claim sits inside another block or beyond. */
+        uint32_t to = (t != pos && land_on_block_start(h, pos) > 0)
+                          ? (val & 0x3fffffffu) | RDV_SIDE_FREE : 0;
+        /* release: as in reserve() */
+        rdv_cas(kent, &claim, to, __ATOMIC_RELEASE);
+    } else if (kind == RDV_OP_RECLAIM) {
+        /* If the claimed granule lies in the ring window, the FREE block it
+         * starts is still there (the head was not moved, or the claim was on
+         * a later lap than the dead process thought): give the entry back.
+         * Otherwise the head moved past it: clear the claim. */
+        uint64_t lap_pos = hd + (pos % h->cap + h->cap - hd % h->cap) % h->cap;
+        rdv_cas(kent, &claim, lap_pos < t ? val : 0, __ATOMIC_RELEASE);
+    }
+}
+
+/* 1 if target is the start of a block on the chain from c_head, 0 if the
+ * chain passes it, -1 if the chain cannot be followed right now. */
+static int land_on_block_start(rdv_t *h, uint64_t target) {
+    uint64_t p = smp_load_acquire(&h->khdr->c_head), t = READ_ONCE(h->khdr->p_tail);
+    if (target - p >= t - p)
+        return 0; /* outside the ring window */
+    while (p < target) {
+        /* acquire: entries are published with release */
+        uint32_t v = smp_load_acquire(&h->kside[rdv_granule_of(h, p)]);
+        uint64_t len;
+        if (RDV_SIDE_CLAIMED(v)) {
+            struct rdv_proc *kc = &h->kprocs[RDV_SIDE_CLAIMER(v) % RDV_MAX_PROCS];
+            if (READ_ONCE(kc->op_kind) != RDV_OP_ALLOC || READ_ONCE(kc->op_pos) != p)
+                return -1;
+            len = (uint64_t)READ_ONCE(kc->op_val) * RDV_GRANULE;
+        } else {
+            len = (uint64_t)RDV_SIDE_LEN(v) * RDV_GRANULE;
+        }
+        if (len == 0)
+            return -1;
+        p += len;
+    }
+    return p == target;
 }
 
 /* 0 and the block length if pos names a block between c_head and p_tail that
@@ -240,7 +366,8 @@ int rdv_arena_free(rdv_t *h, uint64_t pos) {
             /* release: everything we did with the block happens before a
              * reclaimer (acquire load in reclaim) hands it to the next
              * producer. A CAS, not an OR: pin_head may have claimed it. */
-            if (rdv_cas(kent, &v, v | RDV_SIDE_FREE, __ATOMIC_RELEASE)) {
+            /* DELIVERED goes: FREE with DELIVERED would read as a claim */
+            if (rdv_cas(kent, &v, (v & ~RDV_SIDE_DELIVERED) | RDV_SIDE_FREE, __ATOMIC_RELEASE)) {
                 /* full barrier: FREE store before the head load in reclaim();
                  * pairs with the barrier after a reclaimer's head move */
                 smp_mb();

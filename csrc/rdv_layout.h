@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <sys/types.h>
 
 #include "shmrdv.h"
@@ -24,7 +25,7 @@
 #define RDV_MAX_ARENA ((1ULL << 36) - RDV_PAGE) /* block lengths fit the side table */
 #define RDV_MAX_ISLANDS 64
 #define RDV_MAX_PROCS 128 /* processes attached at once (handles, really) */
-#define RDV_PROC_WAITS 60 /* concurrent waits per handle that survive its death */
+#define RDV_PROC_WAITS 56 /* concurrent waits per handle that survive its death */
 
 /* ---- header (page 0) ---------------------------------------------------- */
 
@@ -92,6 +93,7 @@ _Static_assert(sizeof(struct rdv_header) <= RDV_PAGE, "header fits page 0");
  * while nobody holds its byte lock belongs to a dead process. */
 
 enum { RDV_PROC_FREE = 0, RDV_PROC_ALIVE = 1, RDV_PROC_RECLAIMING = 2 };
+enum { RDV_OP_NONE = 0, RDV_OP_ALLOC = 1, RDV_OP_RECLAIM = 2 };
 
 #define RDV_WAIT_SLEEPING 0x80000000u /* in a wait record: also counted in sleepers */
 
@@ -99,6 +101,13 @@ struct rdv_proc {
     uint32_t state; /* RDV_PROC_*; ALIVE published (release) after pid/start */
     uint32_t pid;   /* for humans (shmrdv ls); liveness uses the byte lock */
     uint64_t attached_ns; /* CLOCK_REALTIME at attach, for humans */
+    /* The arena step in progress (RDV_OP_*), so that a death between its
+     * atomic steps can be finished or undone: the position and the entry
+     * value (ALLOC: length in granules; RECLAIM: the FREE entry claimed).
+     * One step at a time per handle (rdv.op_lock). */
+    uint32_t op_kind;
+    uint32_t op_val;
+    uint64_t op_pos;
     /* Waits in progress: key slot index + 1, | RDV_WAIT_SLEEPING while also
      * counted in that slot's sleepers; so a dead waiter's counts come back. */
     uint32_t waits[RDV_PROC_WAITS];
@@ -169,6 +178,11 @@ _Static_assert(offsetof(struct rdv_msg, dtype) == 40, "dtype offset");
 #define RDV_SIDE_FREE 0x80000000u
 #define RDV_SIDE_DELIVERED 0x40000000u
 #define RDV_SIDE_LEN(v) ((v) & 0x3fffffffu)
+/* FREE and DELIVERED together never describe a block: they mark an entry
+ * claimed by process entry (v & 0xff) for one arena step (see rdv_arena.c). */
+#define RDV_SIDE_CLAIM 0xC0000000u
+#define RDV_SIDE_CLAIMED(v) (((v) & RDV_SIDE_CLAIM) == RDV_SIDE_CLAIM)
+#define RDV_SIDE_CLAIMER(v) ((v) & 0xffu)
 #define RDV_ISLAND_VALID (1ULL << 63)
 
 /* ---- process-local handle --------------------------------------------------*/
@@ -190,6 +204,8 @@ struct rdv {
     struct rdv_proc *kprocs;
     int fd;             /* the segment file, kept open: it carries our byte lock */
     uint32_t me;        /* our process entry; lock words hold me + 1 */
+    pthread_mutex_t op_lock; /* one arena step at a time: our entry has one op record */
+    int acting;         /* registering into a full table: me is the dead entry being reclaimed */
     uint32_t reaped;    /* dead processes this handle reclaimed, and the first pids */
     uint32_t reaped_pids[16];
 };
@@ -222,6 +238,7 @@ void rdv_hash_key(const rdv_t *h, const char *key, uint32_t len, uint64_t *h1, u
 /* rdv_arena.c */
 int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos);
 int rdv_arena_free(rdv_t *h, uint64_t pos);
+void rdv_arena_recover_op(rdv_t *h, uint32_t dead);
 void rdv_arena_mark_delivered(rdv_t *h, uint64_t pos);
 uint64_t rdv_arena_island_bytes(rdv_t *h);
 int rdv_arena_check_busy(rdv_t *h, uint64_t pos, uint64_t *len);

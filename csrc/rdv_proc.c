@@ -72,8 +72,13 @@ static int claim_free_entry(rdv_t *h) {
 }
 
 int rdv_proc_register(rdv_t *h) {
+    int rc = claim_free_entry(h);
+    h->acting = rc < 0; /* a full table: reclaim the dead as each of them */
     rdv_proc_reclaim_dead(h, NULL); /* attaching is when the dead get noticed */
-    return claim_free_entry(h);
+    if (rc < 0)
+        rc = claim_free_entry(h);
+    h->acting = 0;
+    return rc;
 }
 
 static void reclaim_entry(rdv_t *h, uint32_t dead);
@@ -93,7 +98,8 @@ int rdv_proc_reclaim_dead(rdv_t *h, uint32_t *reclaimed) {
     for (uint32_t i = 0; i < RDV_MAX_PROCS; i++) {
         struct rdv_proc *p = &h->kprocs[i];
         /* relaxed: a first look; the byte lock below decides */
-        if (i == h->me || READ_ONCE(p->state) == RDV_PROC_FREE || held_by_another(h, i))
+        if ((i == h->me && !h->acting) || READ_ONCE(p->state) == RDV_PROC_FREE ||
+            held_by_another(h, i))
             continue;
         if (byte_lock(h->fd, i, F_WRLCK) < 0)
             continue; /* somebody registered or is reclaiming it right now */
@@ -104,6 +110,8 @@ int rdv_proc_reclaim_dead(rdv_t *h, uint32_t *reclaimed) {
             if (r < 16)
                 h->reaped_pids[r] = READ_ONCE(p->pid);
             WRITE_ONCE(p->state, RDV_PROC_RECLAIMING); /* for shmrdv ls */
+            if (h->acting)
+                h->me = i; /* no entry of our own yet: its steps are recorded as its */
             reclaim_entry(h, i);
             /* release: the repairs above happen before the entry is reused */
             smp_store_release(&p->state, RDV_PROC_FREE);
@@ -296,8 +304,9 @@ static void reclaim_locks(rdv_t *h, uint32_t dead) {
 static void reclaim_entry(rdv_t *h, uint32_t dead) {
     struct rdv_header *khdr = h->khdr;
     uint32_t who = dead + 1;
-    /* 1. Its locks. */
+    /* 1. Its locks, and an arena step it was in the middle of. */
     reclaim_locks(h, dead);
+    rdv_arena_recover_op(h, dead);
     /* 2. Its waits. */
     struct rdv_proc *p = &h->kprocs[dead];
     for (int i = 0; i < RDV_PROC_WAITS; i++) {

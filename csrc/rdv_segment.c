@@ -64,6 +64,7 @@ static int map_segment(int fd, const struct layout *l, rdv_t **out) {
     h->slot_mask = l->slots - 1;
     h->spin_ns = RDV_INITIAL_SPIN_NS;
     h->refs = 1;
+    pthread_mutex_init(&h->op_lock, NULL);
     /* our own descriptor: it carries our process-table byte lock */
     h->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (h->fd < 0) {
