@@ -1,0 +1,36 @@
+"""A /dev/shm too small for the rendezvous asked for (Docker's default is 64 MiB): creation
+fails at once with an error naming the size asked for and the space free, never a SIGBUS
+later. Run in a private mount namespace with a 1 MiB tmpfs on /dev/shm (needs root)."""
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+CHILD = textwrap.dedent(
+    """
+    import os, shmrdv
+    try:
+        shmrdv.Rendezvous("small-shm", size=8 << 20, create=True)
+    except shmrdv.RendezvousError as exc:
+        print("ERROR", exc)
+    print("LEFT", sorted(os.listdir("/dev/shm")))
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_full_dev_shm_fails_at_creation_with_sizes():
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare(1) is not installed")
+    script = f"mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {sys.executable} -c '{CHILD}'"
+    run = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                         capture_output=True, text=True, timeout=60)
+    if run.returncode != 0 and ("Operation not permitted" in run.stderr or "permission denied" in run.stderr.lower()):
+        pytest.skip(f"cannot make a private /dev/shm here: {run.stderr.strip()}")
+    assert run.returncode == 0, run.stderr
+    assert "ERROR" in run.stdout, run.stdout
+    error = run.stdout.split("ERROR", 1)[1]
+    assert "8388608-byte arena" in error and "bytes free" in error and "--shm-size" in error
+    assert "LEFT []" in run.stdout  # the failed segment was removed
