@@ -1,10 +1,11 @@
 """The binding layer: the compiled core, and the one place where its
 ``-errno`` return codes become Python exceptions."""
 import errno
-from typing import Callable, Dict, NoReturn
+from typing import Callable, Dict, NoReturn, Optional
 
 from ._native import ffi, lib  # noqa: F401  (re-exported to the other modules)
 from .errors import (
+    Aborted,
     InvalidArgument,
     MessageTooLarge,
     RendezvousError,
@@ -28,9 +29,12 @@ _ERRORS: Dict[int, Callable[[str], Exception]] = {
 }
 
 
-def raise_rc(rc: int, what: str) -> NoReturn:
-    """Raise the exception for a negative return code of the C core."""
+def raise_rc(rc: int, what: str, abort_reason: Optional[Callable[[], str]] = None) -> NoReturn:
+    """Raise the exception for a negative return code of the C core;
+    ``abort_reason`` reads the reason an aborted rendezvous carries."""
     code = -rc
+    if code == errno.ECONNABORTED:
+        raise Aborted(abort_reason() if abort_reason is not None else "aborted")
     make = _ERRORS.get(code)
     if make is not None:
         raise make(what)

@@ -16,7 +16,7 @@ import numpy as np
 import posix_ipc
 
 from ._binding import ffi, lib, raise_rc
-from .errors import Aborted, InvalidArgument, InvalidType, RendezvousError, SegmentMismatch
+from .errors import InvalidArgument, InvalidType, RendezvousError, SegmentMismatch
 from .stats import KeyInfo, ProcessInfo, Stats
 
 DEFAULT_SIZE = 64 << 20
@@ -418,9 +418,7 @@ class Rendezvous:
         return h
 
     def _fail(self, rc: int, what: str) -> Any:
-        if rc == -errno.ECONNABORTED:
-            raise Aborted(self._abort_reason())
-        raise_rc(rc, what)
+        raise_rc(rc, what, self._abort_reason)
 
     def _abort_reason(self) -> str:
         buf = ffi.new("char[]", lib.RDV_REASON_MAX)

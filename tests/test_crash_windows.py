@@ -8,8 +8,6 @@ import struct
 import numpy as np
 import pytest
 
-import shmrdv
-
 from .conftest import segment_path
 
 DEAD = 100  # a process-table entry that no live process holds

@@ -1,6 +1,5 @@
 """Ctrl-C during a blocking recv raises KeyboardInterrupt promptly and leaves
 the rendezvous consistent."""
-import os
 import signal
 import subprocess
 import sys
@@ -9,8 +8,6 @@ import time
 
 import numpy as np
 import pytest
-
-import shmrdv
 
 CHILD = textwrap.dedent(
     """
