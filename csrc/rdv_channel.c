@@ -420,6 +420,8 @@ int rdv_recv(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
 }
 
 int rdv_release_payload(rdv_t *h, void *payload) {
+    if (rdv_forked(h))
+        return 0; /* a view inherited through fork is the parent's to release */
     int rc = do_release_payload(h, payload);
     if (rc == 0)
         rdv_put(h); /* the payload's own reference keeps the mapping until here */

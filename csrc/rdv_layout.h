@@ -206,6 +206,7 @@ struct rdv {
     uint32_t me;        /* our process entry; lock words hold me + 1 */
     pthread_mutex_t op_lock; /* one arena step at a time: our entry has one op record */
     int acting;         /* registering into a full table: me is the dead entry being reclaimed */
+    pid_t pid;          /* the process that attached: in a forked child the handle is inert */
     uint32_t reaped;    /* dead processes this handle reclaimed, and the first pids */
     uint32_t reaped_pids[16];
 };
@@ -214,6 +215,7 @@ struct rdv {
  * freed (a few dozen bytes per closed rendezvous), so taking a reference on a
  * closed handle fails cleanly instead of touching freed memory. */
 int rdv_get(rdv_t *h);
+int rdv_forked(const rdv_t *h);
 void rdv_put(rdv_t *h);
 
 /* rdv_proc.c: registry, liveness, and reclaiming what dead processes held */

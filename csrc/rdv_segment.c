@@ -64,6 +64,7 @@ static int map_segment(int fd, const struct layout *l, rdv_t **out) {
     h->slot_mask = l->slots - 1;
     h->spin_ns = RDV_INITIAL_SPIN_NS;
     h->refs = 1;
+    h->pid = getpid();
     pthread_mutex_init(&h->op_lock, NULL);
     /* our own descriptor: it carries our process-table byte lock */
     h->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
@@ -234,7 +235,24 @@ void rdv_close(rdv_t *h) {
 
 uint64_t rdv_capacity(rdv_t *h) { return h->cap; }
 
+/* This process's pid, kept current across fork without a syscall per call. */
+static pid_t current_pid;
+
+static void refresh_pid(void) { current_pid = getpid(); }
+
+__attribute__((constructor)) static void watch_forks(void) {
+    refresh_pid();
+    pthread_atfork(NULL, NULL, refresh_pid);
+}
+
+/* A handle inherited through fork belongs to the parent: its entry, its
+ * views and its locks are the parent's, so the child must not use, release
+ * or unregister any of them (it attaches a handle of its own instead). */
+int rdv_forked(const rdv_t *h) { return h->pid != current_pid; }
+
 int rdv_get(rdv_t *h) {
+    if (rdv_forked(h))
+        return -EBADF;
     /* process-local count; relaxed: the mapping it protects was set up before
      * the handle was handed out */
     int64_t r = __atomic_load_n(&h->refs, __ATOMIC_RELAXED);
@@ -247,6 +265,8 @@ int rdv_get(rdv_t *h) {
 }
 
 void rdv_put(rdv_t *h) {
+    if (rdv_forked(h))
+        return; /* the parent's: leave its entry, views and blocks alone */
     /* acq_rel: every access through the mapping happens before the unmap */
     if (__atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) == 0) {
         rdv_proc_unregister(h);

@@ -273,6 +273,18 @@ class Allocation:
             self._rdv._fail(rc, f"send {self._key!r}")
 
 
+_open_rendezvous: "weakref.WeakSet[Rendezvous]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for rdv in list(_open_rendezvous):
+        rdv._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Rendezvous:
     """A table of FIFO channels keyed by string, in one shared-memory segment.
 
@@ -295,6 +307,8 @@ class Rendezvous:
         max_keys: Optional[int] = None,
     ) -> None:
         self._h = None
+        self._forked = False
+        self._pending: "weakref.WeakSet[_RecvFuture]" = weakref.WeakSet()
         if not isinstance(name, str):
             raise InvalidType(f"name must be a str, not {type(name).__name__}")
         if not _NAME_RE.match(name):
@@ -311,9 +325,7 @@ class Rendezvous:
         if req_size is not None and not self._created and self._capacity != -(-req_size // 4096) * 4096:
             self.close()
             raise SegmentMismatch(f"rendezvous {name!r} exists with capacity {self._capacity}, not size={req_size}")
-        self._release = partial(lib.rdv_release_payload, self._h)
-        self._unref = partial(self._unref_payload, self._h)
-        self._pending: "weakref.WeakSet[_RecvFuture]" = weakref.WeakSet()
+        self._attach_handle(self._h)
 
     # ---- lifecycle ---------------------------------------------------------
 
@@ -378,6 +390,7 @@ class Rendezvous:
         handed out stay valid until they are dropped; pending ``recv_async``
         futures are cancelled. The segment stays (see ``unlink``)."""
         h, self._h = self._h, None
+        self._forked = False
         if h is None:
             return
         for fut in list(self._pending):
@@ -414,8 +427,27 @@ class Rendezvous:
     def _handle(self) -> Any:
         h = self._h
         if h is None:
-            raise RendezvousError(f"rendezvous {self._name!r} is closed")
+            if not self._forked:
+                raise RendezvousError(f"rendezvous {self._name!r} is closed")
+            self._attach_handle(self._open(0, 0, False))  # in a forked child: our own handle
+            h = self._h
         return h
+
+    def _attach_handle(self, h: Any) -> None:
+        self._h = h
+        self._forked = False
+        self._release = partial(lib.rdv_release_payload, h)
+        self._unref = partial(self._unref_payload, h)
+        _open_rendezvous.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's handle, its views and its process-table entry stay the
+        # parent's: the core ignores them in this process. The next call
+        # attaches a handle of our own.
+        if self._h is not None:
+            self._h = None
+            self._forked = True
+            self._pending = weakref.WeakSet()
 
     def _fail(self, rc: int, what: str) -> Any:
         raise_rc(rc, what, self._abort_reason)
@@ -454,7 +486,7 @@ class Rendezvous:
         arr = array if type(array) is np.ndarray else self._sendable(array)
         h = self._h
         if h is None:
-            self._handle()
+            h = self._handle()
         dtype = arr.dtype
         code = _dtype_codes.get(dtype) or _dtype_code(dtype)
         layout = _layouts.get((arr.shape, dtype.itemsize)) or _layout(arr.shape, dtype.itemsize)
@@ -520,7 +552,7 @@ class Rendezvous:
         t = -1 if timeout is None else _timeout_ns(timeout)
         h = self._h
         if h is None:
-            self._handle()
+            h = self._handle()
         info = getattr(_per_thread, "info", None)
         if info is None:
             info = _per_thread.info = ffi.new("struct rdv_msg_info *")

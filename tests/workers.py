@@ -273,3 +273,14 @@ def soak_worker(name, incarnation, n_keys, log_path, stop_path, seed):
         seq += 1
     os.close(log)
     rdv.close()
+
+
+def forked_child(rdv, inherited_view, queue):
+    """Runs in a fork()ed child with the parent's Rendezvous object and view."""
+    assert inherited_view[0] == 42  # readable: the mapping came along
+    del inherited_view  # must not free the parent's block
+    message = rdv.recv("to-child", timeout=CHILD_TIMEOUT)  # attaches a handle of its own
+    rdv.send("to-parent", np.asarray(message) * 2)
+    del message
+    queue.put(sorted(p.pid for p in rdv.processes()))
+    rdv.close()  # must not unregister the parent
