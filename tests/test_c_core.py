@@ -1,5 +1,6 @@
 """The C core on its own, built under AddressSanitizer and UBSan: a
 multi-process stress run (tests/c/stress.c) that checks sums end to end."""
+import pathlib
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,6 +23,14 @@ def test_stress_under_sanitizers(tmp_path):
          *sources, str(ROOT / "tests" / "c" / "stress.c"), "-o", str(exe), "-lrt"],
         check=True, timeout=240,
     )
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr
+    process = subprocess.Popen([str(exe)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+        process.wait()
+        # the segment it names after its pid, in case it died before unlinking it
+        pathlib.Path(f"/dev/shm/shmrdv-t-cstress-{process.pid}").unlink(missing_ok=True)
+    assert process.returncode == 0, out + err
+    run = subprocess.CompletedProcess(process.args, process.returncode, out, err)
     assert "sent sum" in run.stdout
