@@ -21,11 +21,6 @@
 #include "rdv_atomic.h"
 #include "rdv_layout.h"
 
-static inline uint64_t island_word(uint64_t off_g, uint64_t len_g) {
-    return RDV_ISLAND_VALID | off_g << 30 | len_g;
-}
-static inline uint64_t island_off(uint64_t w) { return ((w >> 30) & 0x3fffffffu) * RDV_GRANULE; }
-static inline uint64_t island_len(uint64_t w) { return (w & 0x3fffffffu) * RDV_GRANULE; }
 
 /* Bytes from ring offset a to the end of an island that [a, a+n) overlaps,
  * or 0 if it overlaps none. Offsets live in [0, 2*cap) thanks to the mirror. */
@@ -36,7 +31,7 @@ static uint64_t island_skip(rdv_t *h, uint64_t a, uint64_t n) {
         uint64_t w = smp_load_acquire(&h->khdr->islands[i]);
         if (!w)
             continue;
-        int64_t o = (int64_t)island_off(w), l = (int64_t)island_len(w), cap = (int64_t)h->cap;
+        int64_t o = (int64_t)rdv_island_off(w), l = (int64_t)rdv_island_len(w), cap = (int64_t)h->cap;
         /* the island's copies in the unrolled offset space; the one at o - cap
          * is the part of an island that wraps past the end into [0, ...) */
         int64_t copies[3] = {o - cap, o, o + cap};
@@ -129,7 +124,7 @@ static int pin_head(rdv_t *h, uint64_t hd) {
          * makes the island visible before the head moves past the block, so
          * an allocator that sees the new head (acquire) sees the island. */
         smp_store_release(&khdr->islands[i],
-                          island_word(rdv_granule_of(h, hd), RDV_SIDE_LEN(v)));
+                          rdv_island_word(rdv_granule_of(h, hd), RDV_SIDE_LEN(v)));
         /* acq_rel: claims the entry against a concurrent release (which CASes
          * it to FREE) and reclaimers; the loser sees the other's value */
         if (!rdv_cas(kent, &v, 0, __ATOMIC_ACQ_REL)) {
@@ -265,7 +260,7 @@ void rdv_arena_recover_op(rdv_t *h, uint32_t dead) {
          * the tail is still at pos it reserved nothing; otherwise its pos
          * was stale and the claim sits inside another block or beyond. */
         uint32_t to = (t != pos && land_on_block_start(h, pos) > 0)
-                          ? (val & 0x3fffffffu) | RDV_SIDE_FREE : 0;
+                          ? RDV_SIDE_LEN(val) | RDV_SIDE_FREE : 0;
         /* release: as in reserve() */
         rdv_cas(kent, &claim, to, __ATOMIC_RELEASE);
     } else if (kind == RDV_OP_RECLAIM) {
@@ -342,7 +337,7 @@ static int unpin(rdv_t *h, uint64_t pos) {
     rdv_slot_lock(h, &khdr->island_lock);
     for (int i = 0; i < RDV_MAX_ISLANDS && !found; i++) {
         uint64_t w = READ_ONCE(khdr->islands[i]);
-        if (w && island_off(w) == off) {
+        if (w && rdv_island_off(w) == off) {
             /* release: our last access to the block happens before an
              * allocator that no longer sees the island writes there */
             smp_store_release(&khdr->islands[i], 0);
@@ -389,7 +384,7 @@ uint64_t rdv_arena_island_bytes(rdv_t *h) {
         /* relaxed: a statistic */
         uint64_t w = READ_ONCE(h->khdr->islands[i]);
         if (w)
-            sum += island_len(w);
+            sum += rdv_island_len(w);
     }
     return sum;
 }

@@ -185,6 +185,13 @@ _Static_assert(offsetof(struct rdv_msg, dtype) == 40, "dtype offset");
 #define RDV_SIDE_CLAIMER(v) ((v) & 0xffu)
 #define RDV_ISLAND_VALID (1ULL << 63)
 
+/* An island word: valid bit | offset in granules << 30 | length in granules. */
+static inline uint64_t rdv_island_word(uint64_t off_g, uint64_t len_g) {
+    return RDV_ISLAND_VALID | off_g << 30 | len_g;
+}
+static inline uint64_t rdv_island_off(uint64_t w) { return ((w >> 30) & 0x3fffffffu) * RDV_GRANULE; }
+static inline uint64_t rdv_island_len(uint64_t w) { return (w & 0x3fffffffu) * RDV_GRANULE; }
+
 /* ---- process-local handle --------------------------------------------------*/
 
 struct rdv {

@@ -199,6 +199,32 @@ static struct rdv_msg *block_at(rdv_t *h, uint64_t pos) {
     return m->pos == pos && m->payload_off < len ? m : NULL;
 }
 
+/* The next live message block at or after *pos and before end, walking the
+ * side table (nonzero only at block starts); *pos is left on it. */
+static struct rdv_msg *next_block(rdv_t *h, uint64_t *pos, uint64_t end) {
+    for (; *pos < end; *pos += RDV_GRANULE) {
+        /* relaxed: a first look; block_at re-checks with acquire */
+        if (!READ_ONCE(h->kside[rdv_granule_of(h, *pos)]))
+            continue;
+        struct rdv_msg *m = block_at(h, *pos);
+        if (m)
+            return m;
+    }
+    return NULL;
+}
+
+/* Append the block at granule g + 1 to a queue being rebuilt. */
+static void rebuild_append(uint32_t g1, struct rdv_msg *m, uint32_t *head, struct rdv_msg **last,
+                           uint32_t *n) {
+    if (*last)
+        (*last)->next = g1;
+    else
+        *head = g1;
+    *last = m;
+    m->owner = 0;
+    (*n)++;
+}
+
 /* Rebuild a slot's queue after its lock holder died: keep the QUEUED
  * messages reachable from q_head, in order, then append any message the dead
  * process had marked QUEUED but not yet linked. */
@@ -217,34 +243,17 @@ static void repair_slot(rdv_t *h, uint32_t idx, uint32_t dead) {
         if (m->pos % h->cap != off || !block_at(h, m->pos))
             break; /* the chain is broken here */
         uint32_t next = m->next;
-        if (m->stage == RDV_MSG_QUEUED) {
-            if (last)
-                last->next = g;
-            else
-                head = g;
-            last = m;
-            m->owner = 0;
-            n++;
-        } /* else: a pop the dead process started; its block is freed as its own */
+        if (m->stage == RDV_MSG_QUEUED)
+            rebuild_append(g, m, &head, &last, &n);
+        /* else: a pop the dead process started; its block is freed as its own */
         g = next;
     }
     /* Messages it was linking: QUEUED, still owned by it, keyed here. */
     uint64_t hd = smp_load_acquire(&h->khdr->c_head), t = READ_ONCE(h->khdr->p_tail);
-    for (uint64_t pos = hd; pos < t; pos += RDV_GRANULE) {
-        if (!READ_ONCE(h->kside[rdv_granule_of(h, pos)]))
-            continue; /* not a block start (relaxed: block_at re-checks) */
-        struct rdv_msg *m = block_at(h, pos);
-        if (!m || m->stage != RDV_MSG_QUEUED || m->owner != dead + 1 || !message_key_matches(h, m, s))
-            continue;
-        uint32_t mg = (uint32_t)rdv_granule_of(h, pos) + 1;
-        if (last)
-            last->next = mg;
-        else
-            head = mg;
-        last = m;
-        m->owner = 0;
-        n++;
-    }
+    struct rdv_msg *m;
+    for (uint64_t pos = hd; (m = next_block(h, &pos, t)); pos += RDV_GRANULE)
+        if (m->stage == RDV_MSG_QUEUED && m->owner == dead + 1 && message_key_matches(h, m, s))
+            rebuild_append((uint32_t)rdv_granule_of(h, pos) + 1, m, &head, &last, &n);
     if (last)
         last->next = 0;
     s->q_head = head;
@@ -261,8 +270,8 @@ static void repair_islands(rdv_t *h) {
         uint64_t w = READ_ONCE(khdr->islands[i]);
         if (!w)
             continue;
-        uint64_t off = ((w >> 30) & 0x3fffffffu) * RDV_GRANULE;
-        uint64_t len = (w & 0x3fffffffu) * RDV_GRANULE;
+        uint64_t off = rdv_island_off(w);
+        uint64_t len = rdv_island_len(w);
         struct rdv_msg *m = rdv_msg_at(h, off);
         uint64_t hd = smp_load_acquire(&khdr->c_head), t = READ_ONCE(khdr->p_tail);
         if (off >= h->cap || m->pos % h->cap != off) {
@@ -326,16 +335,13 @@ static void reclaim_entry(rdv_t *h, uint32_t dead) {
     }
     /* 3. Its blocks: views it held, blocks it was writing. */
     uint64_t hd = smp_load_acquire(&khdr->c_head), t = READ_ONCE(khdr->p_tail);
-    for (uint64_t pos = hd; pos < t; pos += RDV_GRANULE) {
-        if (!READ_ONCE(h->kside[rdv_granule_of(h, pos)]))
-            continue; /* not a block start (relaxed: block_at re-checks) */
-        struct rdv_msg *m = block_at(h, pos);
-        if (m && m->owner == who && (m->stage == RDV_MSG_WRITING || m->stage == RDV_MSG_DELIVERED))
+    struct rdv_msg *m;
+    for (uint64_t pos = hd; (m = next_block(h, &pos, t)); pos += RDV_GRANULE)
+        if (m->owner == who && (m->stage == RDV_MSG_WRITING || m->stage == RDV_MSG_DELIVERED))
             rdv_arena_free(h, pos);
-    }
     for (int i = 0; i < RDV_MAX_ISLANDS; i++) {
         uint64_t w = READ_ONCE(khdr->islands[i]);
-        uint64_t off = ((w >> 30) & 0x3fffffffu) * RDV_GRANULE;
+        uint64_t off = rdv_island_off(w);
         if (!w || off >= h->cap)
             continue;
         struct rdv_msg *m = rdv_msg_at(h, off);
@@ -346,7 +352,7 @@ static void reclaim_entry(rdv_t *h, uint32_t dead) {
 
 /* ---- inspection ---------------------------------------------------------------*/
 
-static void count_holding(rdv_t *h, struct rdv_proc_info *pi, const struct rdv_msg *m, uint64_t len) {
+static void count_holding(struct rdv_proc_info *pi, const struct rdv_msg *m, uint64_t len) {
     if (m->owner != pi->entry + 1)
         return;
     if (m->stage == RDV_MSG_DELIVERED) {
@@ -355,7 +361,6 @@ static void count_holding(rdv_t *h, struct rdv_proc_info *pi, const struct rdv_m
     } else if (m->stage == RDV_MSG_WRITING) {
         pi->writing++;
     }
-    (void)h;
 }
 
 int rdv_procs_impl(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t *n) {
@@ -377,22 +382,21 @@ int rdv_procs_impl(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t *
             pi->waits += READ_ONCE(p->waits[w]) != 0;
     }
     uint64_t hd = smp_load_acquire(&h->khdr->c_head), t = READ_ONCE(h->khdr->p_tail);
-    for (uint64_t pos = hd; pos < t; pos += RDV_GRANULE) {
+    const struct rdv_msg *m;
+    for (uint64_t pos = hd; (m = next_block(h, &pos, t)); pos += RDV_GRANULE) {
         uint64_t len;
-        if (!READ_ONCE(h->kside[rdv_granule_of(h, pos)]) || rdv_arena_check_busy(h, pos, &len) < 0)
-            continue;
-        const struct rdv_msg *m = rdv_msg_at(h, pos);
-        for (uint32_t j = 0; j < k && m->pos == pos; j++)
-            count_holding(h, &out[j], m, len);
+        if (rdv_arena_check_busy(h, pos, &len) == 0)
+            for (uint32_t j = 0; j < k; j++)
+                count_holding(&out[j], m, len);
     }
     for (int i = 0; i < RDV_MAX_ISLANDS; i++) {
         uint64_t w = READ_ONCE(h->khdr->islands[i]);
-        uint64_t off = ((w >> 30) & 0x3fffffffu) * RDV_GRANULE;
+        uint64_t off = rdv_island_off(w);
         if (!w || off >= h->cap)
             continue;
         const struct rdv_msg *m = rdv_msg_at(h, off);
         for (uint32_t j = 0; j < k && m->pos % h->cap == off; j++)
-            count_holding(h, &out[j], m, (w & 0x3fffffffu) * RDV_GRANULE);
+            count_holding(&out[j], m, rdv_island_len(w));
     }
     *n = k;
     return 0;

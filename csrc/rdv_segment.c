@@ -103,7 +103,7 @@ static int validate_state(rdv_t *h) {
         return -EBADMSG;
     for (int i = 0; i < RDV_MAX_ISLANDS; i++) {
         uint64_t w = READ_ONCE(khdr->islands[i]);
-        uint64_t off = ((w >> 30) & 0x3fffffffu) * RDV_GRANULE, len = (w & 0x3fffffffu) * RDV_GRANULE;
+        uint64_t off = rdv_island_off(w), len = rdv_island_len(w);
         if (w && ((w & ~RDV_ISLAND_VALID) >> 60 || !(w & RDV_ISLAND_VALID) || off >= h->cap ||
                   len == 0 || len > h->cap))
             return -EBADMSG;
