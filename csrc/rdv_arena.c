@@ -85,10 +85,10 @@ static void reclaim(rdv_t *h) {
                 smp_store_release(kent, 0);
                 ok = 1;
             } else {
-                smp_store_release(kent, v);
+                smp_store_release(kent, v); /* release: as the FREE store it restores */
             }
         }
-        WRITE_ONCE(kme->op_kind, RDV_OP_NONE);
+        WRITE_ONCE(kme->op_kind, RDV_OP_NONE); /* relaxed: as the record above */
         pthread_mutex_unlock(&h->op_lock);
         if (!ok)
             continue;
@@ -116,7 +116,7 @@ static int pin_head(rdv_t *h, uint64_t hd) {
     int moved = 0;
     rdv_slot_lock(h, &khdr->island_lock);
     for (int i = 0; i < RDV_MAX_ISLANDS; i++) {
-        if (READ_ONCE(khdr->islands[i]))
+        if (READ_ONCE(khdr->islands[i])) /* relaxed: island words change under island_lock */
             continue;
         /* Island first, then claim the entry, then move the head: if we die
          * at any point, the island table tells whoever repairs it (under
@@ -128,7 +128,7 @@ static int pin_head(rdv_t *h, uint64_t hd) {
         /* acq_rel: claims the entry against a concurrent release (which CASes
          * it to FREE) and reclaimers; the loser sees the other's value */
         if (!rdv_cas(kent, &v, 0, __ATOMIC_ACQ_REL)) {
-            WRITE_ONCE(khdr->islands[i], 0);
+            WRITE_ONCE(khdr->islands[i], 0); /* relaxed: never stepped over, nobody relied on it */
             break;
         }
         uint64_t want = hd;
@@ -137,8 +137,8 @@ static int pin_head(rdv_t *h, uint64_t hd) {
                     __ATOMIC_RELEASE)) {
             moved = 1;
         } else {
-            smp_store_release(kent, v);
-            WRITE_ONCE(khdr->islands[i], 0);
+            smp_store_release(kent, v);      /* release: the entry back, as we found it */
+            WRITE_ONCE(khdr->islands[i], 0); /* relaxed: the head never passed it */
         }
         break;
     }
@@ -245,14 +245,18 @@ static int land_on_block_start(rdv_t *h, uint64_t target);
 
 void rdv_arena_recover_op(rdv_t *h, uint32_t dead) {
     struct rdv_proc *kp = &h->kprocs[dead];
+    /* relaxed: the dead process wrote its record before its claim, and we
+     * hold its byte lock: nobody else writes these now */
     uint32_t kind = READ_ONCE(kp->op_kind), val = READ_ONCE(kp->op_val);
     uint64_t pos = READ_ONCE(kp->op_pos);
     WRITE_ONCE(kp->op_kind, RDV_OP_NONE);
     uint32_t *kent = &h->kside[rdv_granule_of(h, pos)];
     uint32_t claim = RDV_SIDE_CLAIM | dead;
+    /* relaxed: a claim naming the dead process changes only through us */
     if (kind == RDV_OP_NONE || READ_ONCE(*kent) != claim)
         return; /* no step, or its claim failed or completed */
     struct rdv_header *khdr = h->khdr;
+    /* acquire/relaxed: the ring window, as everywhere (tail only compared) */
     uint64_t hd = smp_load_acquire(&khdr->c_head), t = READ_ONCE(khdr->p_tail);
     if (kind == RDV_OP_ALLOC) {
         /* Its tail CAS succeeded iff pos starts a block in the ring: then
@@ -285,6 +289,8 @@ static int land_on_block_start(rdv_t *h, uint64_t target) {
         uint64_t len;
         if (RDV_SIDE_CLAIMED(v)) {
             struct rdv_proc *kc = &h->kprocs[RDV_SIDE_CLAIMER(v) % RDV_MAX_PROCS];
+            /* relaxed: a claimer's record, written before its claim; if it
+             * is alive and moving on, the walk gives up (-1) */
             if (READ_ONCE(kc->op_kind) != RDV_OP_ALLOC || READ_ONCE(kc->op_pos) != p)
                 return -1;
             len = (uint64_t)READ_ONCE(kc->op_val) * RDV_GRANULE;
@@ -303,6 +309,7 @@ static int land_on_block_start(rdv_t *h, uint64_t target) {
 int rdv_arena_check_busy(rdv_t *h, uint64_t pos, uint64_t *len) {
     if (pos % RDV_GRANULE)
         return -EINVAL;
+    /* acquire: pairs with the head's release moves; tail: relaxed, compared only */
     uint64_t hd = smp_load_acquire(&h->khdr->c_head);
     uint64_t t = READ_ONCE(h->khdr->p_tail);
     if (pos - hd >= t - hd) /* unsigned: pos outside [c_head, p_tail) */
@@ -336,7 +343,7 @@ static int unpin(rdv_t *h, uint64_t pos) {
     int found = 0;
     rdv_slot_lock(h, &khdr->island_lock);
     for (int i = 0; i < RDV_MAX_ISLANDS && !found; i++) {
-        uint64_t w = READ_ONCE(khdr->islands[i]);
+        uint64_t w = READ_ONCE(khdr->islands[i]); /* relaxed: under island_lock */
         if (w && rdv_island_off(w) == off) {
             /* release: our last access to the block happens before an
              * allocator that no longer sees the island writes there */
@@ -355,7 +362,7 @@ int rdv_arena_free(rdv_t *h, uint64_t pos) {
         uint64_t len;
         while (rdv_arena_check_busy(h, pos, &len) == 0) {
             uint32_t *kent = &h->kside[rdv_granule_of(h, pos)];
-            uint32_t v = READ_ONCE(*kent);
+            uint32_t v = READ_ONCE(*kent); /* relaxed: the CAS below decides */
             if (v == 0 || (v & RDV_SIDE_FREE))
                 break;
             /* release: everything we did with the block happens before a

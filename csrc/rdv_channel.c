@@ -348,6 +348,7 @@ static int do_stats(rdv_t *h, struct rdv_stats *out) {
         out->pending_messages += READ_ONCE(s->count);
         out->waiters += READ_ONCE(s->waiters);
     }
+    /* acquire/relaxed: a snapshot of the ring window, as above */
     uint64_t hd = smp_load_acquire(&h->khdr->c_head);
     uint64_t t = READ_ONCE(h->khdr->p_tail);
     uint64_t used = (t - hd) + rdv_arena_island_bytes(h);

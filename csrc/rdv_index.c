@@ -106,7 +106,7 @@ static int insert(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, uint32_t
     for (uint64_t d = 0; d <= h->slot_mask; d++) {
         uint64_t i = (home + d) & h->slot_mask;
         struct rdv_slot *s = &h->kslots[i];
-        if (READ_ONCE(s->state) == RDV_SLOT_LIVE)
+        if (READ_ONCE(s->state) == RDV_SLOT_LIVE) /* relaxed: re-checked under the lock */
             continue;
         rdv_slot_lock(h, &s->lock);
         if (s->state == RDV_SLOT_LIVE) {

@@ -273,6 +273,7 @@ static void repair_islands(rdv_t *h) {
         uint64_t off = rdv_island_off(w);
         uint64_t len = rdv_island_len(w);
         struct rdv_msg *m = rdv_msg_at(h, off);
+        /* acquire/relaxed: the ring window (we hold island_lock; pins wait) */
         uint64_t hd = smp_load_acquire(&khdr->c_head), t = READ_ONCE(khdr->p_tail);
         if (off >= h->cap || m->pos % h->cap != off) {
             WRITE_ONCE(khdr->islands[i], 0); /* not a block at all */
@@ -293,6 +294,7 @@ static void reclaim_locks(rdv_t *h, uint32_t dead) {
     uint32_t who = dead + 1;
     for (uint64_t i = 0; i <= h->slot_mask; i++) {
         struct rdv_slot *s = &h->kslots[i];
+        /* relaxed: a lock naming the dead changes only through us (we act as it) */
         if (READ_ONCE(s->lock) == who) {
             repair_slot(h, (uint32_t)i, dead);
             rdv_index_maybe_delete(h, (uint32_t)i);
@@ -319,7 +321,7 @@ static void reclaim_entry(rdv_t *h, uint32_t dead) {
     /* 2. Its waits. */
     struct rdv_proc *p = &h->kprocs[dead];
     for (int i = 0; i < RDV_PROC_WAITS; i++) {
-        uint32_t rec = READ_ONCE(p->waits[i]);
+        uint32_t rec = READ_ONCE(p->waits[i]); /* relaxed: the dead process's own record */
         uint32_t idx = (rec & ~RDV_WAIT_SLEEPING) - 1;
         if (!rec || idx > h->slot_mask)
             continue;
@@ -327,20 +329,22 @@ static void reclaim_entry(rdv_t *h, uint32_t dead) {
         lock_as(&s->lock, who);
         if (s->waiters)
             s->waiters--;
+        /* release: as a waiter's own decrement after its futex sleep */
         if ((rec & RDV_WAIT_SLEEPING) && READ_ONCE(s->sleepers))
             rdv_fetch_add(&s->sleepers, (uint32_t)-1, __ATOMIC_RELEASE);
         rdv_index_maybe_delete(h, (uint32_t)idx);
         rdv_slot_unlock(&s->lock);
-        WRITE_ONCE(p->waits[i], 0);
+        WRITE_ONCE(p->waits[i], 0); /* relaxed: the entry is reused only after our release of FREE */
     }
-    /* 3. Its blocks: views it held, blocks it was writing. */
+    /* 3. Its blocks: views it held, blocks it was writing (the window:
+     * acquire on the head as everywhere, the tail only bounds the walk). */
     uint64_t hd = smp_load_acquire(&khdr->c_head), t = READ_ONCE(khdr->p_tail);
     struct rdv_msg *m;
     for (uint64_t pos = hd; (m = next_block(h, &pos, t)); pos += RDV_GRANULE)
         if (m->owner == who && (m->stage == RDV_MSG_WRITING || m->stage == RDV_MSG_DELIVERED))
             rdv_arena_free(h, pos);
     for (int i = 0; i < RDV_MAX_ISLANDS; i++) {
-        uint64_t w = READ_ONCE(khdr->islands[i]);
+        uint64_t w = READ_ONCE(khdr->islands[i]); /* relaxed: rdv_arena_free re-checks under island_lock */
         uint64_t off = rdv_island_off(w);
         if (!w || off >= h->cap)
             continue;
@@ -374,13 +378,14 @@ int rdv_procs_impl(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t *
         struct rdv_proc_info *pi = &out[k++];
         memset(pi, 0, sizeof *pi);
         pi->entry = i;
-        pi->pid = READ_ONCE(p->pid);
+        pi->pid = READ_ONCE(p->pid); /* relaxed, below too: a snapshot for humans */
         pi->state = st;
         pi->alive = (uint32_t)rdv_proc_alive(h, i);
         pi->attached_ns = READ_ONCE(p->attached_ns);
         for (int w = 0; w < RDV_PROC_WAITS; w++)
             pi->waits += READ_ONCE(p->waits[w]) != 0;
     }
+    /* acquire/relaxed: the ring window for the walk below, a snapshot */
     uint64_t hd = smp_load_acquire(&h->khdr->c_head), t = READ_ONCE(h->khdr->p_tail);
     const struct rdv_msg *m;
     for (uint64_t pos = hd; (m = next_block(h, &pos, t)); pos += RDV_GRANULE) {
@@ -390,7 +395,7 @@ int rdv_procs_impl(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t *
                 count_holding(&out[j], m, len);
     }
     for (int i = 0; i < RDV_MAX_ISLANDS; i++) {
-        uint64_t w = READ_ONCE(h->khdr->islands[i]);
+        uint64_t w = READ_ONCE(h->khdr->islands[i]); /* relaxed: a snapshot */
         uint64_t off = rdv_island_off(w);
         if (!w || off >= h->cap)
             continue;

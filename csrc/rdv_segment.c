@@ -102,7 +102,7 @@ static int validate_state(rdv_t *h) {
     if (t - hd > h->cap || hd % RDV_GRANULE || t % RDV_GRANULE)
         return -EBADMSG;
     for (int i = 0; i < RDV_MAX_ISLANDS; i++) {
-        uint64_t w = READ_ONCE(khdr->islands[i]);
+        uint64_t w = READ_ONCE(khdr->islands[i]); /* relaxed: range checks, as below */
         uint64_t off = rdv_island_off(w), len = rdv_island_len(w);
         if (w && ((w & ~RDV_ISLAND_VALID) >> 60 || !(w & RDV_ISLAND_VALID) || off >= h->cap ||
                   len == 0 || len > h->cap))
@@ -118,7 +118,7 @@ static int validate_state(rdv_t *h) {
             READ_ONCE(s->ins_lock) > RDV_MAX_PROCS)
             return -EBADMSG;
     }
-    for (uint32_t i = 0; i < RDV_MAX_PROCS; i++)
+    for (uint32_t i = 0; i < RDV_MAX_PROCS; i++) /* relaxed: a range check */
         if (READ_ONCE(h->kprocs[i].state) > RDV_PROC_RECLAIMING)
             return -EBADMSG;
     return 0;
@@ -226,6 +226,7 @@ static rdv_t *retired;
 
 void rdv_close(rdv_t *h) {
     uint32_t open_ = 0;
+    /* process-local, relaxed: only makes close idempotent; rdv_put orders the unmap */
     if (h && __atomic_compare_exchange_n(&h->closed, &open_, 1, 0, __ATOMIC_RELAXED,
                                          __ATOMIC_RELAXED)) {
         h->next_retired = __atomic_exchange_n(&retired, h, __ATOMIC_RELAXED);

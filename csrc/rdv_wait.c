@@ -90,7 +90,7 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t *kr
     if (rdv_deadline_left(d, &left) < 0)
         return -ETIMEDOUT;
 
-    int64_t budget = READ_ONCE(h->spin_ns);
+    int64_t budget = READ_ONCE(h->spin_ns); /* process-local hint; races only blur it */
     int64_t spin = budget < left ? budget : left;
     /* Most recent deliveries came from a sender on our CPU: it cannot run
      * while we spin, so sleep at once and let it. */
@@ -113,10 +113,14 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t *kr
         WRITE_ONCE(*krecord, READ_ONCE(*krecord) | RDV_WAIT_SLEEPING);
     smp_mb();
     int rc = 0;
+    /* relaxed: after the barrier, the re-read the waker's bump pairs with;
+     * the kernel compares the word again atomically before sleeping */
     if (READ_ONCE(*kword) == seen && !rdv_is_aborted(h))
         rc = futex_wait(kword, seen, left);
     if (krecord)
         WRITE_ONCE(*krecord, READ_ONCE(*krecord) & ~RDV_WAIT_SLEEPING);
+    /* release: we are done reading the word; a waker that still sees us
+     * counted makes one spare wake syscall, no more */
     rdv_fetch_add(ksleepers, (uint32_t)-1, __ATOMIC_RELEASE);
 
     /* Adapt the budget: a wake within the largest budget means a longer spin
