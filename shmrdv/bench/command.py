@@ -1,0 +1,424 @@
+"""The ``shmrdv bench`` command: plan, progress, results, Markdown tables, plot."""
+
+from __future__ import annotations
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import platform
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+import numpy as np
+
+from .common import *  # noqa: F403
+from .processes import *  # noqa: F403
+from .transports import *  # noqa: F403
+from .measure import *  # noqa: F403
+
+# ---------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """What one ``shmrdv bench`` run measures."""
+
+    mode: str
+    sizes: List[int]
+    stream_s: float  # target length of each timed stream
+    round_trip_s: float
+    max_round_trips: int
+    round_trip_warmup: int
+    pairs: List[int]
+    pairs_messages: int
+    pending_keys: List[int]
+    keys_messages: int
+    rss_sizes: List[int]
+    rss_views: int
+    max_stream_count: int = 10_000_000
+
+    @staticmethod
+    def for_mode(mode: str) -> "Plan":
+        if mode == "full":
+            return Plan("full", SIZES, 1.0, 1.0, 20_000, 500, [1, 2, 4], 20_000,
+                        [0, 100, 10_000, 100_000], 20_000, [4 * KiB, 1 * MiB, 16 * MiB, 64 * MiB], 8)
+        if mode == "quick":
+            return Plan("quick", SIZES[:-1], 0.15, 0.15, 3_000, 100, [1, 2], 5_000,
+                        [0, 100_000], 10_000, [64 * KiB, 16 * MiB], 8)
+        if mode == "smoke":
+            return Plan("smoke", [64, 4 * KiB, 1 * MiB], 0.005, 0.005, 20, 5, [1, 2], 50,
+                        [0, 1_000], 50, [64 * KiB], 2, max_stream_count=50)
+        raise ValueError(mode)
+
+
+def machine() -> Dict[str, Any]:
+    info: Dict[str, Any] = {
+        "cpu": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "allowed_cpus": allowed_cpus(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    with contextlib.suppress(OSError):
+        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as l3:
+            info["l3"] = l3.read().strip()
+    with contextlib.suppress(OSError):
+        with open("/proc/meminfo") as meminfo:
+            info["memory_gib"] = round(int(meminfo.readline().split()[1]) / MiB, 1)
+    import shmrdv
+
+    info["shmrdv"] = shmrdv.__version__
+    for module in ("zmq", "torch"):
+        if importlib.util.find_spec(module) is not None:
+            info[module] = importlib.import_module(module).__version__
+    return info
+
+
+class Progress:
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.done, self.quiet, self.start = total, 0, quiet, time.monotonic()
+
+    def step(self, text: str) -> None:
+        self.done += 1
+        self.say(f"[{self.done:>3}/{self.total}] {text}")
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            print(f"{time.monotonic() - self.start:6.1f}s {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Results:
+    machine: Dict[str, Any]
+    command: str
+    mode: str
+    skipped: Dict[str, str] = field(default_factory=dict)
+    throughput: List[Dict[str, Any]] = field(default_factory=list)
+    round_trip: List[Dict[str, Any]] = field(default_factory=list)
+    processes: List[Dict[str, Any]] = field(default_factory=list)
+    keys: List[Dict[str, Any]] = field(default_factory=list)
+    held_views: List[Dict[str, Any]] = field(default_factory=list)
+    targets: List[Dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def gbps(self, transport: str, nbytes: int) -> Optional[float]:
+        for row in self.throughput:
+            if row["transport"] == transport and row["bytes"] == nbytes:
+                return float(row["gbps"])
+        return None
+
+    def rtt(self, transport: str, placement_name: str, nbytes: int) -> Optional[Dict[str, Any]]:
+        for row in self.round_trip:
+            if (row["transport"], row["placement"], row["bytes"]) == (transport, placement_name, nbytes):
+                return row
+        return None
+
+
+def _placements() -> List[Placement]:
+    """"apart" and "same", or only "same" on one CPU; call before pinning anything."""
+    return [placement(name) for name in ("apart", "same") if name == "same" or len(allowed_cpus()) > 1]
+
+
+def _measure_transport(name: str, plan: Plan, results: Results, progress: Progress, lifetime_s: int) -> None:
+    transport = TRANSPORTS[name]
+    placements = _placements()
+    where = placements[0]
+    with pinned(where.parent_cpu), open_peer(name, where.child_cpu, lifetime_s) as peer:
+        for nbytes in plan.sizes:
+            peer.resize(nbytes)
+            count, seconds = timed_stream(peer, plan.stream_s, plan.max_stream_count)
+            row = throughput_row(name, where.name, nbytes, count, seconds)
+            results.throughput.append(row)
+            progress.step(f"{transport.label:<22} {human_size(nbytes):>8} one-way: {row['gbps']:8.3f} GB/s "
+                          f"{row['msgs_per_s']:>11,.0f} msg/s")
+        if not transport.round_trip:
+            return
+        for where in placements:
+            placement_name = where.name
+            peer.pin_child(where.child_cpu)
+            with pinned(where.parent_cpu):
+                for nbytes in ROUND_TRIP_SIZES:
+                    peer.resize(nbytes)
+                    times = timed_round_trips(peer, plan.round_trip_s, plan.max_round_trips, plan.round_trip_warmup)
+                    row = round_trip_row(name, placement_name, nbytes, times)
+                    results.round_trip.append(row)
+                    progress.step(f"{transport.label:<22} {human_size(nbytes):>8} round trip, {placement_name}: "
+                                  f"median {row['median_us']:7.1f} us, p99 {row['p99_us']:7.1f} us")
+
+
+def _measure_growth(plan: Plan, results: Results, progress: Progress, lifetime_s: int) -> None:
+    for pairs in plan.pairs:
+        row = process_scaling(pairs, 64 * KiB, plan.pairs_messages, lifetime_s)
+        results.processes.append(row)
+        progress.step(f"shmrdv {pairs} producer(s) + {pairs} consumer(s), 64 KiB: {row['gbps']:.2f} GB/s total "
+                      f"({row['msgs_per_s']:,.0f} msg/s)")
+    where = _placements()[0]
+    with pinned(where.parent_cpu), open_peer("shmrdv", where.child_cpu, lifetime_s) as peer:
+        for pending in plan.pending_keys:
+            row = keys_scaling(peer, pending, 4 * KiB, plan.keys_messages, 3)
+            results.keys.append(row)
+            progress.step(f"shmrdv 4 KiB send/recv with {pending:>7,} pending keys: {row['gbps']:.3f} GB/s "
+                          f"({row['msgs_per_s']:,.0f} msg/s)")
+        for nbytes in plan.rss_sizes:
+            row = held_views_memory(peer, nbytes, plan.rss_views)
+            results.held_views.append(row)
+            progress.step(f"shmrdv receiver holding {plan.rss_views} x {human_size(nbytes)}: RssAnon "
+                          f"{row['rss_anon_growth_kib']:+,} KiB, RssShmem {row['rss_shmem_growth_kib']:+,} KiB")
+
+
+def _best_peer_gbps(results: Results, nbytes: int) -> Tuple[Optional[str], Optional[float]]:
+    figures = [(results.gbps(p, nbytes), p) for p in PEERS]
+    measured = [(g, p) for g, p in figures if g is not None]
+    if not measured:
+        return None, None
+    gbps, name = max(measured)
+    return name, gbps
+
+
+def _best_peer_rtt(results: Results, placement_name: str, nbytes: int) -> Optional[Dict[str, Any]]:
+    rows = [results.rtt(p, placement_name, nbytes) for p in PEERS]
+    measured = [r for r in rows if r is not None]
+    return min(measured, key=lambda r: r["median_us"]) if measured else None
+
+
+def evaluate_targets(results: Results) -> List[Dict[str, Any]]:
+    """The issue's targets, each with the figures it was judged on."""
+    targets: List[Dict[str, Any]] = []
+
+    def add(what: str, ratio: Optional[float], goal: float, detail: str) -> None:
+        targets.append({"target": what, "ratio": ratio, "goal": goal,
+                        "met": None if ratio is None else ratio >= goal, "detail": detail})
+
+    for placement_name in ("apart", "same"):
+        ours, best = results.rtt("shmrdv", placement_name, 64), _best_peer_rtt(results, placement_name, 64)
+        if ours and best:
+            add(f"64 B round trip, {placement_name}: best peer / shmrdv (median)", best["median_us"] / ours["median_us"],
+                5.0 if placement_name == "apart" else 0.0,
+                f"shmrdv {ours['median_us']:.1f} us (p99 {ours['p99_us']:.1f}) vs {best['label']} "
+                f"{best['median_us']:.1f} us (p99 {best['p99_us']:.1f}); p99 ratio {best['p99_us'] / ours['p99_us']:.2f}x")
+    peer, peer_gbps = _best_peer_gbps(results, 4 * KiB)
+    for way in ("shmrdv", "shmrdv-alloc"):
+        ours_gbps = results.gbps(way, 4 * KiB)
+        if ours_gbps and peer_gbps and peer:
+            add(f"4 KiB streaming, {TRANSPORTS[way].label}: x best peer", ours_gbps / peer_gbps, 5.0,
+                f"{ours_gbps:.3f} vs {TRANSPORTS[peer].label} {peer_gbps:.3f} GB/s")
+    for nbytes in (n for n in SIZES if n >= 16 * MiB):
+        limit = results.gbps("copyto", nbytes)
+        for way, goal in (("shmrdv", 0.9), ("shmrdv-alloc", 10.0)):
+            ours_gbps = results.gbps(way, nbytes)
+            if limit and ours_gbps:
+                add(f"{human_size(nbytes)} {TRANSPORTS[way].label}: x np.copyto", ours_gbps / limit, goal,
+                    f"{ours_gbps:.2f} vs {limit:.2f} GB/s")
+    one = next((r for r in results.keys if r["pending_keys"] == 0), None)
+    for row in results.keys:
+        if one and row["pending_keys"] == max(r["pending_keys"] for r in results.keys) and row["pending_keys"]:
+            add(f"{row['pending_keys']:,} pending keys: send/recv vs one key", row["gbps"] / one["gbps"], 0.5,
+                f"{row['gbps']:.3f} vs {one['gbps']:.3f} GB/s (4 KiB)")
+    return targets
+
+
+def _gbps_cell(value: Optional[float], msgs: Optional[float], nbytes: int) -> str:
+    if value is None:
+        return "—"
+    text = f"{value:.3g}" if value < 100 else f"{value:,.0f}"
+    if nbytes <= 64 * KiB and msgs is not None:
+        text += f" ({msgs / 1e3:,.0f}k/s)" if msgs < 1e6 else f" ({msgs / 1e6:.2f}M/s)"
+    return text
+
+
+def markdown(results: Results) -> str:
+    """The run as Markdown tables, ratios against each peer."""
+    names = [n for n in TRANSPORTS if any(r["transport"] == n for r in results.throughput)]
+    peers = [n for n in PEERS if n in names]
+    sizes = sorted({r["bytes"] for r in results.throughput})
+    lines = ["### One-way throughput, GB/s (messages/s up to 64 KiB), producer and consumer pinned apart", "",
+             "| size | " + " | ".join(TRANSPORTS[n].label for n in names) + " |",
+             "|---|" + "---:|" * len(names)]
+    for nbytes in sizes:
+        cells = []
+        for n in names:
+            row = next((r for r in results.throughput if r["transport"] == n and r["bytes"] == nbytes), None)
+            cells.append(_gbps_cell(row and row["gbps"], row and row["msgs_per_s"], nbytes))
+        lines.append(f"| {human_size(nbytes)} | " + " | ".join(cells) + " |")
+    if peers and "shmrdv" in names:
+        lines += ["", "### shmrdv send/recv (alloc/recv) throughput ÷ each peer's, same run", "",
+                  "| size | " + " | ".join(TRANSPORTS[n].label for n in peers + ["copyto"] if n in names) + " |",
+                  "|---|" + "---:|" * len([n for n in peers + ["copyto"] if n in names])]
+        for nbytes in sizes:
+            cells = []
+            for n in peers + ["copyto"]:
+                if n not in names:
+                    continue
+                theirs, ours, alloc = results.gbps(n, nbytes), results.gbps("shmrdv", nbytes), results.gbps("shmrdv-alloc", nbytes)
+                if not theirs or not ours:
+                    cells.append("—")
+                    continue
+                cells.append(f"{ours / theirs:.2g}x" + (f" ({alloc / theirs:,.3g}x)" if alloc else ""))
+            lines.append(f"| {human_size(nbytes)} | " + " | ".join(cells) + " |")
+    if results.round_trip:
+        rt_names = [n for n in TRANSPORTS if any(r["transport"] == n for r in results.round_trip)]
+        lines += ["", "### Round trip, median / p99 µs (apart: two CPUs; same: one CPU)", "",
+                  "| size, placement | " + " | ".join(TRANSPORTS[n].label for n in rt_names) + " | best peer ÷ shmrdv (median, p99) |",
+                  "|---|" + "---:|" * (len(rt_names) + 1)]
+        for placement_name in ("apart", "same"):
+            for nbytes in ROUND_TRIP_SIZES:
+                cells = []
+                for n in rt_names:
+                    row = results.rtt(n, placement_name, nbytes)
+                    cells.append("—" if row is None else f"{row['median_us']:.1f} / {row['p99_us']:.1f}")
+                ours, best = results.rtt("shmrdv", placement_name, nbytes), _best_peer_rtt(results, placement_name, nbytes)
+                ratio = (f"{best['median_us'] / ours['median_us']:.2f}x, {best['p99_us'] / ours['p99_us']:.2f}x "
+                         f"({best['label']})") if ours and best else "—"
+                if any(c != "—" for c in cells):
+                    lines.append(f"| {human_size(nbytes)}, {placement_name} | " + " | ".join(cells) + f" | {ratio} |")
+    if results.processes:
+        lines += ["", "### shmrdv cost growth", "", "| producers + consumers (64 KiB, own key each) | GB/s total | messages/s |",
+                  "|---|---:|---:|"]
+        lines += [f"| {r['pairs']} + {r['pairs']} | {r['gbps']:.2f} | {r['msgs_per_s']:,.0f} |" for r in results.processes]
+    if results.keys:
+        lines += ["", "| pending keys (4 KiB send/recv, apart) | GB/s | messages/s | vs one key |", "|---:|---:|---:|---:|"]
+        one = next((r for r in results.keys if r["pending_keys"] == 0), results.keys[0])
+        lines += [f"| {r['pending_keys']:,} | {r['gbps']:.3f} | {r['msgs_per_s']:,.0f} | {r['gbps'] / one['gbps']:.2f}x |"
+                  for r in results.keys]
+    if results.held_views:
+        lines += ["", "| receiver holds (every byte read) | RssAnon growth | RssShmem growth (mapped shared pages) |",
+                  "|---|---:|---:|"]
+        lines += [f"| {r['views']} x {human_size(r['bytes'])} = {human_size(r['held_bytes'])} | "
+                  f"{r['rss_anon_growth_kib']:+,} KiB | {r['rss_shmem_growth_kib']:+,} KiB |" for r in results.held_views]
+    if results.targets:
+        lines += ["", "### Targets", "", "| target | ratio | goal | met | figures |", "|---|---:|---:|---|---|"]
+        for t in results.targets:
+            met = "—" if not t["goal"] else ("yes" if t["met"] else "**no**")
+            lines.append(f"| {t['target']} | {t['ratio']:.2f}x | {'≥ %gx' % t['goal'] if t['goal'] else 'report'} | {met} | {t['detail']} |")
+    if results.skipped:
+        lines += [""] + [f"Skipped {TRANSPORTS[n].label}: {why}." for n, why in results.skipped.items()]
+    return "\n".join(lines)
+
+
+def plot(results: Results, path: str) -> None:
+    """Log-log throughput vs size, one line per transport."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    styles = {"shmrdv": ("tab:red", "o", "-"), "shmrdv-alloc": ("tab:red", "s", "--"), "copyto": ("black", "", ":"),
+              "queue": ("tab:blue", "v", "-"), "pipe": ("tab:purple", "^", "-"), "shm-ring": ("tab:green", "D", "-"),
+              "zmq": ("tab:orange", "P", "-"), "torch": ("tab:gray", "X", "-")}
+    figure, axes = plt.subplots(figsize=(8, 5), dpi=110)
+    for name in TRANSPORTS:
+        rows = sorted((r for r in results.throughput if r["transport"] == name), key=lambda r: r["bytes"])
+        if not rows:
+            continue
+        color, marker, line = styles.get(name, ("tab:olive", ".", "-"))
+        axes.plot([r["bytes"] for r in rows], [r["gbps"] for r in rows], marker=marker, linestyle=line,
+                  color=color, label=TRANSPORTS[name].label, linewidth=2 if name.startswith("shmrdv") else 1.3)
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    sizes = sorted({r["bytes"] for r in results.throughput})
+    axes.set_xticks(sizes, [human_size(s) for s in sizes])
+    axes.set_xlabel("message size")
+    axes.set_ylabel("one-way throughput, GB/s (log)")
+    m = results.machine
+    axes.set_title(f"float32 arrays between two processes, pinned apart\n{m.get('cpu')}, "
+                   f"{m.get('cpus')} CPUs, Linux {m.get('kernel')}", fontsize=10)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=8, loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--full", action="store_true",
+                        help="every size up to 256 MiB, longer runs and every growth step (several minutes)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a few messages of each kind: checks that everything runs; the figures mean nothing")
+    parser.add_argument("--transports", default=",".join(TRANSPORTS),
+                        help="comma-separated subset of: " + ", ".join(TRANSPORTS))
+    parser.add_argument("--sizes", type=lambda t: [parse_size(s) for s in t.split(",")],
+                        help="comma-separated message sizes (e.g. 64B,4KiB,16MiB) instead of the mode's")
+    parser.add_argument("--no-growth", action="store_true", help="skip the cost-growth measurements")
+    parser.add_argument("--json", metavar="FILE", help="write the raw figures as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="write a log-log plot of throughput vs size (needs matplotlib)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--from-json", metavar="FILE",
+                        help="measure nothing: print the tables (and --plot) of a run saved with --json")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.full and args.smoke:
+        print("shmrdv bench: --full and --smoke exclude each other", file=sys.stderr)
+        return 2
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        print("shmrdv bench: --plot needs matplotlib: pip install 'shmrdv[bench]' (or pip install matplotlib)",
+              file=sys.stderr)
+        return 2
+    if args.from_json:
+        with open(args.from_json) as saved:
+            results = Results(**json.load(saved))
+        print(markdown(results))
+        if args.plot:
+            plot(results, args.plot)
+        return 0
+    plan = Plan.for_mode("full" if args.full else "smoke" if args.smoke else "quick")
+    if args.sizes:
+        plan.sizes = sorted(args.sizes)
+    wanted = [n.strip() for n in args.transports.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in TRANSPORTS]
+    if unknown:
+        print(f"shmrdv bench: unknown transport(s) {', '.join(unknown)}; known: {', '.join(TRANSPORTS)}", file=sys.stderr)
+        return 2
+    results = Results(machine=machine(), command="shmrdv bench " + " ".join(sys.argv[2:] if len(sys.argv) > 1 else []),
+                      mode=plan.mode)
+    names = []
+    for name in (n for n in TRANSPORTS if n in wanted):
+        why = TRANSPORTS[name].missing()
+        if why:
+            results.skipped[name] = why
+            print(f"skipping {TRANSPORTS[name].label}: {why}", file=sys.stderr)
+        else:
+            names.append(name)
+    steps = sum(len(plan.sizes) + (4 * len(ROUND_TRIP_SIZES) if TRANSPORTS[n].round_trip else 0) for n in names)
+    if not args.no_growth:
+        steps += len(plan.pairs) + len(plan.pending_keys) + len(plan.rss_sizes)
+    progress = Progress(steps, args.quiet)
+    m = results.machine
+    progress.say(f"shmrdv bench ({plan.mode}): {m['cpu']}, {m['cpus']} CPUs, Linux {m['kernel']}; "
+                 f"{len(names)} transports, sizes {', '.join(human_size(s) for s in plan.sizes)}")
+    lifetime = CHILD_LIFETIME_S * (3 if plan.mode == "full" else 1)
+    # SIGTERM unwinds like Ctrl-C: children are stopped and every segment unlinked.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    start = time.monotonic()
+    try:
+        for name in names:
+            _measure_transport(name, plan, results, progress, lifetime)
+        if not args.no_growth and "shmrdv" in names:
+            _measure_growth(plan, results, progress, lifetime)
+    finally:
+        leftovers = sweep_segments()
+        if leftovers:
+            print(f"warning: unlinked {len(leftovers)} leftover segment(s): {leftovers}", file=sys.stderr)
+    results.seconds = time.monotonic() - start
+    results.targets = evaluate_targets(results)
+    print(markdown(results))
+    print(f"\n{m['cpu']}, {m['cpus']} CPUs, Linux {m['kernel']}, Python {m['python']}, numpy {m['numpy']}; "
+          f"{results.seconds:.0f} s. Ratios are comparable within this run only.")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(asdict(results), out, indent=1)
+    if args.plot:
+        plot(results, args.plot)
+    return 0
