@@ -111,7 +111,14 @@ static int pin_head(rdv_t *h, uint64_t hd) {
     uint32_t *kent = &h->kside[rdv_granule_of(h, hd)];
     /* acquire: pairs with the release store in rdv_arena_alloc */
     uint32_t v = smp_load_acquire(kent);
-    if ((v & (RDV_SIDE_FREE | RDV_SIDE_DELIVERED)) != RDV_SIDE_DELIVERED)
+    if (v == 0 || (v & RDV_SIDE_FREE))
+        return 0; /* being reserved, or free (reclaim's job), or claimed */
+    /* Only a message that is complete: queued for a receiver that has not
+     * come (yet), or delivered to a view that is still held. A block still
+     * being written will be committed where it is. */
+    const struct rdv_msg *m = rdv_msg_at(h, hd);
+    uint8_t stage = READ_ONCE(m->stage); /* relaxed: the claim CAS below decides */
+    if (m->pos != hd || (stage != RDV_MSG_QUEUED && stage != RDV_MSG_DELIVERED))
         return 0;
     int moved = 0;
     rdv_slot_lock(h, &khdr->island_lock);
@@ -323,17 +330,30 @@ int rdv_arena_check_busy(rdv_t *h, uint64_t pos, uint64_t *len) {
     return 0;
 }
 
-void rdv_arena_mark_delivered(rdv_t *h, uint64_t pos) {
-    /* relaxed: tells pin_head that a view now holds the block; atomic so it
-     * cannot lose a concurrent bit. Published by the bump below. */
-    rdv_fetch_or(&h->kside[rdv_granule_of(h, pos)], RDV_SIDE_DELIVERED, __ATOMIC_RELAXED);
-    /* A producer waiting for space may find it can now pin the head block:
-     * bump space_seq so it retries. It read space_seq (acquire) before it
-     * looked at the entry, so it either saw DELIVERED or sees the bump.
-     * The full barrier orders our entry store before the head load. */
+void rdv_arena_committed(rdv_t *h, uint64_t pos) {
+    /* A producer waiting for space may find it can now pin the head block
+     * (it was still being written): bump space_seq so it retries. It read
+     * space_seq (acquire) before it looked at the block, so it either saw
+     * the new stage or sees the bump. The full barrier orders our stage
+     * store (made under the slot lock) before the head load. */
     smp_mb();
     if (smp_load_acquire(&h->khdr->c_head) == pos)
         rdv_wake_all(&h->khdr->space_seq, &h->khdr->space_sleepers);
+}
+
+int rdv_arena_owned(rdv_t *h, uint64_t pos, uint64_t *len) {
+    if (rdv_arena_check_busy(h, pos, len) == 0)
+        return 0;
+    uint64_t off = pos % h->cap;
+    for (int i = 0; i < RDV_MAX_ISLANDS; i++) {
+        /* acquire: pairs with the release store of the island in pin_head */
+        uint64_t w = smp_load_acquire(&h->khdr->islands[i]);
+        if (w && rdv_island_off(w) == off && pos % RDV_GRANULE == 0) {
+            *len = rdv_island_len(w);
+            return 0;
+        }
+    }
+    return -EINVAL;
 }
 
 /* Drop the island for the block at pos, if there is one. */
@@ -368,8 +388,7 @@ int rdv_arena_free(rdv_t *h, uint64_t pos) {
             /* release: everything we did with the block happens before a
              * reclaimer (acquire load in reclaim) hands it to the next
              * producer. A CAS, not an OR: pin_head may have claimed it. */
-            /* DELIVERED goes: FREE with DELIVERED would read as a claim */
-            if (rdv_cas(kent, &v, (v & ~RDV_SIDE_DELIVERED) | RDV_SIDE_FREE, __ATOMIC_RELEASE)) {
+            if (rdv_cas(kent, &v, v | RDV_SIDE_FREE, __ATOMIC_RELEASE)) {
                 /* full barrier: FREE store before the head load in reclaim();
                  * pairs with the barrier after a reclaimer's head move */
                 smp_mb();

@@ -122,6 +122,7 @@ static int do_send_commit(rdv_t *h, uint64_t pos) {
     rdv_index_release(h, idx);
     if (wake) /* a stale wake on a slot reused meanwhile is harmless */
         rdv_wake_sleepers(&s->seq, &s->sleepers);
+    rdv_arena_committed(h, pos);
     return 0;
 }
 
@@ -148,7 +149,7 @@ static int pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len,
         return -EBADMSG;
     const struct rdv_msg *m = rdv_msg_at(h, pos_guess);
     uint64_t pos = m->pos, len;
-    if (pos % h->cap != pos_guess || rdv_arena_check_busy(h, pos, &len) < 0)
+    if (pos % h->cap != pos_guess || rdv_arena_owned(h, pos, &len) < 0)
         return -EBADMSG;
     uint32_t ndim = m->ndim, dlen = m->dtype_len, off = m->payload_off;
     if (ndim > RDV_NDIM_MAX || dlen == 0 || dlen > RDV_DTYPE_MAX || m->key_len != key_len ||
@@ -175,7 +176,6 @@ static int pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len,
      * drops it from the queue and reclaiming frees it with our other views */
     ((struct rdv_msg *)m)->stage = RDV_MSG_DELIVERED;
     ((struct rdv_msg *)m)->owner = (uint16_t)(h->me + 1);
-    rdv_arena_mark_delivered(h, pos);
     s->q_head = m->next;
     if (s->q_head == 0)
         s->q_tail = 0;
@@ -460,7 +460,7 @@ static int do_keys(rdv_t *h, struct rdv_key_info *out, uint32_t cap, uint32_t *n
             const struct rdv_msg *m = rdv_msg_at(h, off);
             uint64_t len;
             if (s->q_head && off < h->cap && m->pos % h->cap == off &&
-                rdv_arena_check_busy(h, m->pos, &len) == 0 && m->ndim <= RDV_NDIM_MAX &&
+                rdv_arena_owned(h, m->pos, &len) == 0 && m->ndim <= RDV_NDIM_MAX &&
                 m->key_len == s->key_len && 64 + 16ull * m->ndim + m->key_len <= len) {
                 ki->full_len = m->key_len;
                 ki->key_len = m->key_len < sizeof ki->key ? m->key_len : sizeof ki->key;

@@ -173,13 +173,12 @@ _Static_assert(sizeof(struct rdv_msg) == RDV_LINE, "message header is one line")
 _Static_assert(offsetof(struct rdv_msg, dtype) == 40, "dtype offset");
 
 /* Side table entry, one per arena granule; nonzero only at the first granule
- * of a block between c_head and p_tail: length in granules, plus DELIVERED
- * once a receiver holds it, plus FREE once its owner is done with it. */
+ * of a block between c_head and p_tail: length in granules, plus FREE once
+ * its owner is done with it. */
 #define RDV_SIDE_FREE 0x80000000u
-#define RDV_SIDE_DELIVERED 0x40000000u
 #define RDV_SIDE_LEN(v) ((v) & 0x3fffffffu)
-/* FREE and DELIVERED together never describe a block: they mark an entry
- * claimed by process entry (v & 0xff) for one arena step (see rdv_arena.c). */
+/* FREE with bit 30, which no block length reaches, marks an entry claimed by
+ * process entry (v & 0xff) for one arena step (see rdv_arena.c). */
 #define RDV_SIDE_CLAIM 0xC0000000u
 #define RDV_SIDE_CLAIMED(v) (((v) & RDV_SIDE_CLAIM) == RDV_SIDE_CLAIM)
 #define RDV_SIDE_CLAIMER(v) ((v) & 0xffu)
@@ -248,7 +247,9 @@ void rdv_hash_key(const rdv_t *h, const char *key, uint32_t len, uint64_t *h1, u
 int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos);
 int rdv_arena_free(rdv_t *h, uint64_t pos);
 void rdv_arena_recover_op(rdv_t *h, uint32_t dead);
-void rdv_arena_mark_delivered(rdv_t *h, uint64_t pos);
+void rdv_arena_committed(rdv_t *h, uint64_t pos);
+/* Like rdv_arena_check_busy, but also for a block that is an island. */
+int rdv_arena_owned(rdv_t *h, uint64_t pos, uint64_t *len);
 uint64_t rdv_arena_island_bytes(rdv_t *h);
 int rdv_arena_check_busy(rdv_t *h, uint64_t pos, uint64_t *len);
 static inline uint64_t rdv_granule_of(const rdv_t *h, uint64_t pos) {

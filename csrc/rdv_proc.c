@@ -193,7 +193,7 @@ static int message_key_matches(rdv_t *h, const struct rdv_msg *m, const struct r
 /* The message block at pos, if pos starts a live block with a sane header. */
 static struct rdv_msg *block_at(rdv_t *h, uint64_t pos) {
     uint64_t len;
-    if (rdv_arena_check_busy(h, pos, &len) < 0)
+    if (rdv_arena_owned(h, pos, &len) < 0)
         return NULL;
     struct rdv_msg *m = rdv_msg_at(h, pos);
     return m->pos == pos && m->payload_off < len ? m : NULL;
