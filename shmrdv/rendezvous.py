@@ -36,11 +36,11 @@ _MAX_CACHED = 4096
 
 
 def _key_bytes(key: object) -> bytes:
-    kb = _key_cache.get(key)  # type: ignore[call-overload]
-    if kb is not None and type(key) is str:
-        return kb
     if not isinstance(key, str):
         raise InvalidType(f"key must be a str, not {type(key).__name__}")
+    kb = _key_cache.get(key)
+    if kb is not None:
+        return kb
     kb = key.encode("utf-8")
     if not kb or len(kb) > lib.RDV_KEY_MAX:
         raise InvalidArgument(f"key must be 1..{lib.RDV_KEY_MAX} bytes in UTF-8, got {len(kb)}")
@@ -160,7 +160,7 @@ def _left(timeout_ns: int, step: int) -> int:
     return timeout_ns if timeout_ns < 0 else max(0, timeout_ns - step)
 
 
-_per_thread = threading.local()
+_per_thread = threading.local()  # a reusable rdv_msg_info per thread
 
 _DESC_OFFSET = ffi.offsetof("struct rdv_msg_info", "ndim")
 _descs: Dict[bytes, Tuple[np.dtype, Tuple[int, ...], int]] = {}
@@ -181,7 +181,8 @@ def _parse_descriptor(info: Any, desc: bytes) -> Tuple[np.dtype, Tuple[int, ...]
     if len(_descs) >= _MAX_CACHED:
         _descs.clear()
     parsed = _descs[desc] = (dtype, shape, layout.nbytes)
-    return parsed  # a reusable rdv_msg_info per thread
+    return parsed
+
 
 _layouts: Dict[Tuple[Tuple[int, ...], int], _Layout] = {}
 
