@@ -28,7 +28,7 @@ OPERATIONS = {
 
 
 @pytest.mark.parametrize("operation", OPERATIONS)
-@pytest.mark.parametrize("key", [b"k", 1, None])
+@pytest.mark.parametrize("key", [b"k", 1, None, ["unhashable"]])
 def test_non_str_key_raises_type_error(rdv, operation, key):
     with pytest.raises(TypeError):
         OPERATIONS[operation](rdv, key)
