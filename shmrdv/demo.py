@@ -78,12 +78,12 @@ def run(args: argparse.Namespace) -> int:
             for nbytes, count in _STREAMS:
                 for label in ("stream", "copy"):
                     rdv.send(f"go-{nbytes}", np.zeros(0))
-                    t0 = time.perf_counter()
+                    start = time.perf_counter()
                     for i in range(count):
                         view = rdv.recv(f"{label}-{nbytes}", timeout=_JOIN_TIMEOUT_S)
                         assert view[0] == i, "messages arrive in FIFO order"
                         del view  # its space returns to the arena
-                    dt = time.perf_counter() - t0
+                    dt = time.perf_counter() - start
                     how = "alloc/recv (zero-copy)" if label == "stream" else "send/recv (one copy)  "
                     print(f"  {_human(nbytes):>7} x {count:<5} {how}  {count * nbytes / dt / 1e9:6.2f} GB/s   "
                           f"{count / dt:9.0f} msg/s")

@@ -10,7 +10,7 @@ import warnings
 import weakref
 from concurrent.futures import Future
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 import numpy as np
 import posix_ipc
@@ -450,7 +450,7 @@ class Rendezvous:
             self._forked = True
             self._pending = weakref.WeakSet()
 
-    def _fail(self, rc: int, what: str) -> Any:
+    def _fail(self, rc: int, what: str) -> NoReturn:
         raise_rc(rc, what, self._abort_reason)
 
     def _abort_reason(self) -> str:

@@ -250,7 +250,7 @@ def markdown(results: Results) -> str:
         cells = []
         for n in names:
             row = next((r for r in results.throughput if r["transport"] == n and r["bytes"] == nbytes), None)
-            cells.append(_gbps_cell(row and row["gbps"], row and row["msgs_per_s"], nbytes))
+            cells.append(_gbps_cell(row["gbps"] if row else None, row["msgs_per_s"] if row else None, nbytes))
         lines.append(f"| {human_size(nbytes)} | " + " | ".join(cells) + " |")
     if peers and "shmrdv" in names:
         lines += ["", "### shmrdv send/recv (alloc/recv) throughput ÷ each peer's, same run", "",
@@ -278,9 +278,9 @@ def markdown(results: Results) -> str:
                 for n in rt_names:
                     row = results.rtt(n, placement_name, nbytes)
                     cells.append("—" if row is None else f"{row['median_us']:.1f} / {row['p99_us']:.1f}")
-                ours, best = results.rtt("shmrdv", placement_name, nbytes), _best_peer_rtt(results, placement_name, nbytes)
-                ratio = (f"{best['median_us'] / ours['median_us']:.2f}x, {best['p99_us'] / ours['p99_us']:.2f}x "
-                         f"({best['label']})") if ours and best else "—"
+                ours_rtt, best_rtt = results.rtt("shmrdv", placement_name, nbytes), _best_peer_rtt(results, placement_name, nbytes)
+                ratio = (f"{best_rtt['median_us'] / ours_rtt['median_us']:.2f}x, {best_rtt['p99_us'] / ours_rtt['p99_us']:.2f}x "
+                         f"({best_rtt['label']})") if ours_rtt and best_rtt else "—"
                 if any(c != "—" for c in cells):
                     lines.append(f"| {human_size(nbytes)}, {placement_name} | " + " | ".join(cells) + f" | {ratio} |")
     if results.processes:

@@ -117,7 +117,7 @@ class PipeEndpoint(Endpoint):
         self.buffer = np.empty(nbytes // 4, dtype=DATA_DTYPE)
 
     def send_one(self, array: np.ndarray) -> None:
-        self.connection.send_bytes(array)
+        self.connection.send_bytes(array)  # type: ignore[arg-type]  # ndarray is a buffer
 
     def receive_one(self, keep: bool = False) -> np.ndarray:
         if keep:
