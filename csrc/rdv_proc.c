@@ -20,24 +20,25 @@
 #include "rdv_atomic.h"
 #include "rdv_layout.h"
 
-static int byte_lock(int fd, uint32_t entry, short type) {
+/* The one-byte range of the segment file that stands for process entry i. */
+static struct flock entry_byte(uint32_t entry, short type) {
     struct flock fl;
     memset(&fl, 0, sizeof fl);
     fl.l_type = type;
     fl.l_whence = SEEK_SET;
     fl.l_start = entry;
     fl.l_len = 1;
+    return fl;
+}
+
+static int byte_lock(int fd, uint32_t entry, short type) {
+    struct flock fl = entry_byte(entry, type);
     return fcntl(fd, F_OFD_SETLK, &fl) < 0 ? -errno : 0;
 }
 
 /* Whether an open file description other than ours holds entry's byte. */
 static int held_by_another(rdv_t *h, uint32_t entry) {
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = entry;
-    fl.l_len = 1;
+    struct flock fl = entry_byte(entry, F_WRLCK);
     if (fcntl(h->fd, F_OFD_GETLK, &fl) < 0)
         return 1; /* cannot tell: never reclaim on a guess */
     return fl.l_type != F_UNLCK;
