@@ -157,7 +157,7 @@ static int pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len,
         return -EBADMSG;
     const int64_t *dims = (const int64_t *)(m + 1);
     if (memcmp(dims + 2 * ndim, key, key_len) != 0)
-        return -EBADMSG; /* 128-bit hash collision: refuse rather than misdeliver */
+        return -ENOTUNIQ; /* 128-bit hash collision: refuse rather than misdeliver */
 
     out->payload = (uint8_t *)m + off;
     out->nbytes = m->nbytes;

@@ -26,6 +26,7 @@ _ERRORS: Dict[int, Callable[[str], Exception]] = {
     errno.EPROTONOSUPPORT: lambda what: SegmentMismatch(f"{what}: segment has another layout version"),
     errno.EFBIG: lambda what: SegmentMismatch(f"{what}: segment size does not match its header"),
     errno.EUSERS: lambda what: RendezvousError(f"{what}: too many handles attached (128)"),
+    errno.ENOTUNIQ: lambda what: RendezvousError(f"{what}: two keys share a 128-bit hash; the message was left queued"),
 }
 
 
