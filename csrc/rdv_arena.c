@@ -404,6 +404,21 @@ int rdv_arena_free(rdv_t *h, uint64_t pos) {
     return -EINVAL;
 }
 
+struct rdv_msg *rdv_block_at(rdv_t *h, uint64_t pos, uint64_t *len) {
+    if (rdv_arena_owned(h, pos, len) < 0)
+        return NULL;
+    struct rdv_msg *m = rdv_msg_at(h, pos);
+    return m->pos == pos && m->payload_off <= *len ? m : NULL; /* an empty payload ends the block */
+}
+
+struct rdv_msg *rdv_queued_msg(rdv_t *h, uint32_t g, uint64_t *len) {
+    uint64_t off = (uint64_t)(g - 1) * RDV_GRANULE;
+    if (g == 0 || off >= h->cap)
+        return NULL;
+    struct rdv_msg *m = rdv_msg_at(h, off);
+    return m->pos % h->cap == off ? rdv_block_at(h, m->pos, len) : NULL;
+}
+
 uint64_t rdv_arena_island_bytes(rdv_t *h) {
     uint64_t sum = 0;
     for (int i = 0; i < RDV_MAX_ISLANDS; i++) {

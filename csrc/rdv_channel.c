@@ -143,14 +143,11 @@ static int do_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtyp
  * bounds-checking everything read from shared memory, and unlink it. */
 static int pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len,
                struct rdv_msg_info *out) {
-    uint64_t g = s->q_head - 1;
-    uint64_t pos_guess = g * RDV_GRANULE;
-    if (s->q_head == 0 || pos_guess >= h->cap)
+    uint64_t len;
+    const struct rdv_msg *m = rdv_queued_msg(h, s->q_head, &len);
+    if (!m)
         return -EBADMSG;
-    const struct rdv_msg *m = rdv_msg_at(h, pos_guess);
-    uint64_t pos = m->pos, len;
-    if (pos % h->cap != pos_guess || rdv_arena_owned(h, pos, &len) < 0)
-        return -EBADMSG;
+    uint64_t pos = m->pos;
     uint32_t ndim = m->ndim, dlen = m->dtype_len, off = m->payload_off;
     if (ndim > RDV_NDIM_MAX || dlen == 0 || dlen > RDV_DTYPE_MAX || m->key_len != key_len ||
         off != meta_bytes(ndim, key_len) || m->nbytes > len - off)
@@ -280,13 +277,11 @@ static void drain_all(rdv_t *h) {
         rdv_slot_lock(h, &s->lock);
         if (s->state == RDV_SLOT_LIVE) {
             uint32_t g = s->q_head;
-            for (uint32_t n = s->count; g && n; n--) {
-                uint64_t pos_guess = (uint64_t)(g - 1) * RDV_GRANULE;
-                if (pos_guess >= h->cap)
-                    break;
-                struct rdv_msg *m = rdv_msg_at(h, pos_guess);
+            uint64_t len;
+            struct rdv_msg *m;
+            for (uint32_t n = s->count; n && (m = rdv_queued_msg(h, g, &len)); n--) {
                 g = m->next;
-                rdv_arena_free(h, m->pos); /* validates the position */
+                rdv_arena_free(h, m->pos);
             }
             s->q_head = s->q_tail = 0;
             s->count = 0;
@@ -456,12 +451,10 @@ static int do_keys(rdv_t *h, struct rdv_key_info *out, uint32_t cap, uint32_t *n
             memset(ki, 0, sizeof *ki);
             ki->pending = s->count;
             ki->waiters = s->waiters;
-            uint64_t off = (uint64_t)(s->q_head - 1) * RDV_GRANULE;
-            const struct rdv_msg *m = rdv_msg_at(h, off);
             uint64_t len;
-            if (s->q_head && off < h->cap && m->pos % h->cap == off &&
-                rdv_arena_owned(h, m->pos, &len) == 0 && m->ndim <= RDV_NDIM_MAX &&
-                m->key_len == s->key_len && 64 + 16ull * m->ndim + m->key_len <= len) {
+            const struct rdv_msg *m = rdv_queued_msg(h, s->q_head, &len);
+            if (m && m->ndim <= RDV_NDIM_MAX && m->key_len == s->key_len &&
+                64 + 16ull * m->ndim + m->key_len <= len) {
                 ki->full_len = m->key_len;
                 ki->key_len = m->key_len < sizeof ki->key ? m->key_len : sizeof ki->key;
                 memcpy(ki->key, (const char *)(m + 1) + 16ull * m->ndim, ki->key_len);

@@ -250,6 +250,12 @@ void rdv_arena_recover_op(rdv_t *h, uint32_t dead);
 void rdv_arena_committed(rdv_t *h, uint64_t pos);
 /* Like rdv_arena_check_busy, but also for a block that is an island. */
 int rdv_arena_owned(rdv_t *h, uint64_t pos, uint64_t *len);
+/* Every read of a message block from shared memory goes through these: the
+ * block at pos (or at queue link g, a granule + 1), if it is allocated (in
+ * the ring or an island), names itself and has a payload offset inside it;
+ * NULL otherwise. *len is the block's length. */
+struct rdv_msg *rdv_block_at(rdv_t *h, uint64_t pos, uint64_t *len);
+struct rdv_msg *rdv_queued_msg(rdv_t *h, uint32_t g, uint64_t *len);
 uint64_t rdv_arena_island_bytes(rdv_t *h);
 int rdv_arena_check_busy(rdv_t *h, uint64_t pos, uint64_t *len);
 static inline uint64_t rdv_granule_of(const rdv_t *h, uint64_t pos) {

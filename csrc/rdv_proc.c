@@ -191,23 +191,15 @@ static int message_key_matches(rdv_t *h, const struct rdv_msg *m, const struct r
     return h1 == s->h1 && h2 == s->h2;
 }
 
-/* The message block at pos, if pos starts a live block with a sane header. */
-static struct rdv_msg *block_at(rdv_t *h, uint64_t pos) {
-    uint64_t len;
-    if (rdv_arena_owned(h, pos, &len) < 0)
-        return NULL;
-    struct rdv_msg *m = rdv_msg_at(h, pos);
-    return m->pos == pos && m->payload_off < len ? m : NULL;
-}
-
 /* The next live message block at or after *pos and before end, walking the
  * side table (nonzero only at block starts); *pos is left on it. */
 static struct rdv_msg *next_block(rdv_t *h, uint64_t *pos, uint64_t end) {
     for (; *pos < end; *pos += RDV_GRANULE) {
-        /* relaxed: a first look; block_at re-checks with acquire */
+        /* relaxed: a first look; rdv_block_at re-checks with acquire */
         if (!READ_ONCE(h->kside[rdv_granule_of(h, *pos)]))
             continue;
-        struct rdv_msg *m = block_at(h, *pos);
+        uint64_t len;
+        struct rdv_msg *m = rdv_block_at(h, *pos, &len);
         if (m)
             return m;
     }
@@ -237,11 +229,9 @@ static void repair_slot(rdv_t *h, uint32_t idx, uint32_t dead) {
     struct rdv_msg *last = NULL;
     uint32_t g = s->q_head;
     for (uint64_t steps = 0; g && steps < h->cap / RDV_GRANULE; steps++) {
-        uint64_t off = (uint64_t)(g - 1) * RDV_GRANULE;
-        if (off >= h->cap)
-            break;
-        struct rdv_msg *m = rdv_msg_at(h, off);
-        if (m->pos % h->cap != off || !block_at(h, m->pos))
+        uint64_t len;
+        struct rdv_msg *m = rdv_queued_msg(h, g, &len);
+        if (!m)
             break; /* the chain is broken here */
         uint32_t next = m->next;
         if (m->stage == RDV_MSG_QUEUED)

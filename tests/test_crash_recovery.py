@@ -51,6 +51,18 @@ def test_views_of_a_dead_receiver_are_freed(rdv, children):
 
 
 @pytest.mark.timeout(60)
+def test_a_dead_receivers_view_of_an_empty_array_is_freed(rdv, children):
+    queue = children.context.Queue()
+    rdv.send("k", np.zeros(0, dtype=np.float32))  # a block that is all metadata
+    child = children.start(workers.hold_view_then_wait, rdv.name, "k", queue)
+    queue.get(timeout=QUEUE_TIMEOUT)
+    _kill(child)
+    assert rdv.stats().bytes_used > 0
+    assert rdv.collect_garbage() == 1
+    assert rdv.stats().bytes_used == 0
+
+
+@pytest.mark.timeout(60)
 def test_half_written_alloc_of_a_dead_producer_is_dropped(rdv, children):
     queue = children.context.Queue()
     child = children.start(workers.alloc_halfway_then_wait, rdv.name, "k", 200_000, queue)
