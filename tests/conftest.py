@@ -21,6 +21,14 @@ def segment_path(name: str) -> str:
     return os.path.join(SHM_DIR, f"shmrdv-{name}")
 
 
+def wait_for(condition, what: str, timeout: float = 20.0) -> None:
+    """Poll until condition() holds; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
 def _new_name() -> str:
     return f"{SESSION_PREFIX}{uuid.uuid4().hex[:8]}"
 

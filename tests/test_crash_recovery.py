@@ -5,7 +5,6 @@ import mmap
 import os
 import signal
 import struct
-import time
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ import pytest
 import shmrdv
 
 from . import workers
-from .conftest import segment_path
+from .conftest import segment_path, wait_for
 
 QUEUE_TIMEOUT = 30
 
@@ -22,13 +21,6 @@ def _kill(process):
     os.kill(process.pid, signal.SIGKILL)
     process.join(10)
     assert process.exitcode == -signal.SIGKILL
-
-
-def _wait_for(condition, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def _only_me(rdv):
@@ -94,7 +86,7 @@ def test_a_dead_waiter_is_withdrawn(rdv, children):
     queue = children.context.Queue()
     child = children.start(workers.report_entry_then_recv, rdv.name, "k", queue)
     queue.get(timeout=QUEUE_TIMEOUT)
-    _wait_for(lambda: rdv.stats().waiters == 1, "the child to wait")
+    wait_for(lambda: rdv.stats().waiters == 1, "the child to wait")
     _kill(child)
     assert rdv.collect_garbage() == 1
     stats = rdv.stats()
@@ -119,7 +111,7 @@ def test_a_lock_held_by_a_dead_process_is_repaired(rdv, children):
     queue = children.context.Queue()
     child = children.start(workers.report_entry_then_recv, rdv.name, "k", queue)
     entry = queue.get(timeout=QUEUE_TIMEOUT)
-    _wait_for(lambda: rdv.stats().waiters == 1, "the child to wait")
+    wait_for(lambda: rdv.stats().waiters == 1, "the child to wait")
     _kill(child)
     # As if it had died inside a critical section: its id in the key's lock word.
     path = segment_path(rdv.name)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from . import workers
+from .conftest import wait_for
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -18,9 +19,7 @@ def _cpu_seconds(pid: int) -> float:
 def test_blocked_receiver_sleeps(rdv, children):
     queue = children.context.Queue()
     child = children.start(workers.recv_one, rdv.name, "later", queue)
-    deadline = time.monotonic() + 20
-    while rdv.stats().waiters == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: rdv.stats().waiters > 0, "the child to block in recv")
     assert rdv.stats().waiters == 1
     time.sleep(0.2)  # past the bounded spin
     before = _cpu_seconds(child.pid)

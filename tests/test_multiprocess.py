@@ -1,23 +1,29 @@
 """Several processes on one rendezvous (spawned children, every blocking call bounded)."""
 
-import time
 
 import numpy as np
 import pytest
 
 import shmrdv
 from tests import workers
-from tests.conftest import MiB
+from tests.conftest import MiB, wait_for
 
 QUEUE_TIMEOUT = 40.0  # longer than CHILD_TIMEOUT: a stuck child gives up (and exits non-zero) first
 
 
+def _child_waiting_in_recv(rdv, children, worker, key):
+    """Start a child that reports "ready" and then blocks in recv; return its report queue
+    once the rendezvous counts it as a waiter."""
+    reports = children.context.Queue()
+    children.start(worker, rdv.name, key, reports)
+    assert reports.get(timeout=QUEUE_TIMEOUT) == "ready"
+    wait_for(lambda: rdv.stats().waiters > 0, "the child to block in recv", QUEUE_TIMEOUT)
+    return reports
+
+
 @pytest.mark.timeout(60)
 def test_recv_before_send(rdv, children):
-    reports = children.context.Queue()
-    children.start(workers.recv_one, rdv.name, "late", reports)
-    assert reports.get(timeout=QUEUE_TIMEOUT) == "ready"
-    time.sleep(0.2)  # let the child block in recv
+    reports = _child_waiting_in_recv(rdv, children, workers.recv_one, "late")
     sent = workers.payload(seed=1, nbytes=100_000).reshape(100, 1000)
     rdv.send("late", sent, timeout=10)
     assert reports.get(timeout=QUEUE_TIMEOUT) == (sent.shape, sent.dtype.str, workers.checksum(sent))
@@ -73,10 +79,7 @@ def test_two_producers_two_consumers(rdv_name, children, n_keys, arena):
 
 @pytest.mark.timeout(60)
 def test_abort_wakes_a_receiver_in_another_process(rdv, children):
-    reports = children.context.Queue()
-    children.start(workers.recv_expect_abort, rdv.name, "never-sent", reports)
-    assert reports.get(timeout=QUEUE_TIMEOUT) == "ready"
-    time.sleep(0.2)  # let the child block in recv
+    reports = _child_waiting_in_recv(rdv, children, workers.recv_expect_abort, "never-sent")
     rdv.abort("parent gave up")
     assert reports.get(timeout=QUEUE_TIMEOUT) == "parent gave up"
     children.join()

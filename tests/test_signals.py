@@ -4,10 +4,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
+
+from .conftest import wait_for
 
 CHILD = textwrap.dedent(
     """
@@ -30,9 +31,7 @@ def test_ctrl_c_interrupts_a_blocked_recv(rdv):
     child = subprocess.Popen([sys.executable, "-c", CHILD, rdv.name], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "waiting"
-        deadline = time.monotonic() + 10
-        while rdv.stats().waiters == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: rdv.stats().waiters > 0, "the child to block in recv", 10)
         assert rdv.stats().waiters == 1
         child.send_signal(signal.SIGINT)
         out, _ = child.communicate(timeout=10)
