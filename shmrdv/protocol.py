@@ -1,0 +1,399 @@
+"""The bridge wire protocol, version 1 (docs/protocol.md is its description).
+
+Every frame is a 16-byte header, ``type u8, flags u8, reserved u16, length
+u32, stream u64`` (little-endian), then ``length`` bytes of body. A DATA
+body is raw payload bytes, read straight into its destination; every other
+body is a small fixed struct plus strings. Nothing here unpickles anything:
+bodies are parsed with ``struct`` and every length, count and dtype is
+checked against the limits below before anything is allocated.
+"""
+import enum
+import math
+import socket
+import struct
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .errors import RendezvousError
+
+VERSION = 1
+MAGIC = b"SHMRDV"
+HEADER = struct.Struct("<BBHIQ")
+NONCE_LEN = 32
+MAC_LEN = 32
+
+MAX_BODY = 64 << 10  # every frame but DATA
+CHUNK = 1 << 20  # DATA frames a sender writes
+MAX_CHUNK = 4 << 20  # DATA frames a receiver accepts
+MAX_KEY = 4096
+MAX_DTYPE = 24
+MAX_NDIM = 32
+MAX_REASON = 1024
+WINDOW = 64  # messages a link may have unacknowledged; the dedupe mark covers as many
+
+_DTYPE_KINDS = "biufcmMSU"
+
+
+class Frame(enum.IntEnum):
+    HELLO = 1  # server -> client: magic, version, capacity, nonce
+    AUTH = 2  # client -> server: version, role, origin, nonce, proof
+    WELCOME = 3  # server -> client: proof, the origin's dedupe window
+    REFUSED = 4  # server -> client: why; the connection then closes
+    MSG = 5  # a message begins on stream = seq: nbytes, key, dtype, shape
+    DATA = 6  # payload bytes of the stream's message, in order
+    ACK = 7  # server -> client: the message on stream = seq is committed (or refused)
+    ABORT = 8  # either way: abort the rendezvous, with a reason
+    RECV = 9  # client -> server: take a message from a key, on stream = request
+    ITEM = 10  # server -> client: the message a RECV took; DATA frames follow
+    ERROR = 11  # server -> client: a RECV ended without a message
+    CANCEL = 12  # client -> server: withdraw the RECV on stream
+
+
+class Role(enum.IntEnum):
+    LINK = 1  # a bridge forwarding its host's messages
+    CLIENT = 2  # shmrdv.connect()
+
+
+class Ack(enum.IntEnum):
+    COMMITTED = 0
+    DUPLICATE = 1  # already committed earlier: the sender may forget it too
+    REFUSED = 2  # can never be committed (too large, aborted): reason says why
+    RETRY = 3  # no room in the arena now: the DATA is discarded, send it again later
+
+
+class RecvError(enum.IntEnum):
+    TIMEOUT = 1
+    ABORTED = 2
+    INVALID = 3
+    EMPTY = 4  # try_recv found nothing
+    FAILED = 5
+
+
+class ProtocolError(RendezvousError):
+    """A peer sent something this protocol does not allow; the connection is dropped."""
+
+
+class ConnectionLost(RendezvousError, ConnectionError):
+    """The bridge connection closed or failed."""
+
+
+class AuthenticationError(RendezvousError):
+    """The peer does not hold the same token (or refused ours)."""
+
+
+_HELLO = struct.Struct("<6sHQ32s")
+_AUTH = struct.Struct("<HBxxxxxQ32s32s")
+_WELCOME = struct.Struct("<32sQQ")
+_META = struct.Struct("<QHBB")
+_ACK = struct.Struct("<B")
+_RECV = struct.Struct("<q")
+
+
+def header(kind: Frame, length: int, stream: int = 0) -> bytes:
+    return HEADER.pack(kind, 0, 0, length, stream)
+
+
+def frame(kind: Frame, body: bytes = b"", stream: int = 0) -> bytes:
+    return HEADER.pack(kind, 0, 0, len(body), stream) + body
+
+
+def check_header(kind: int, flags: int, reserved: int, length: int) -> Frame:
+    try:
+        k = Frame(kind)
+    except ValueError:
+        raise ProtocolError(f"unknown frame type {kind}") from None
+    if flags or reserved:
+        raise ProtocolError(f"frame {k.name} has nonzero reserved bits")
+    limit = MAX_CHUNK if k is Frame.DATA else MAX_BODY
+    if length > limit:
+        raise ProtocolError(f"frame {k.name} body of {length} bytes exceeds the limit of {limit}")
+    return k
+
+
+# ---- handshake ----------------------------------------------------------------
+
+
+def hello(capacity: int, nonce: bytes) -> bytes:
+    return frame(Frame.HELLO, _HELLO.pack(MAGIC, VERSION, capacity, nonce))
+
+
+def parse_hello(body: bytes) -> Tuple[int, bytes]:
+    if len(body) != _HELLO.size:
+        raise ProtocolError(f"HELLO of {len(body)} bytes, expected {_HELLO.size}")
+    magic, version, capacity, nonce = _HELLO.unpack(body)
+    if magic != MAGIC:
+        raise ProtocolError("not a shmrdv bridge (bad magic)")
+    if version != VERSION:
+        raise ProtocolError(f"bridge speaks protocol version {version}, this shmrdv speaks {VERSION}")
+    return capacity, nonce
+
+
+def auth(role: Role, origin: int, nonce: bytes, proof: bytes) -> bytes:
+    return frame(Frame.AUTH, _AUTH.pack(VERSION, role, origin, nonce, proof))
+
+
+def parse_auth(body: bytes) -> Tuple[Role, int, bytes, bytes]:
+    if len(body) != _AUTH.size:
+        raise ProtocolError(f"AUTH of {len(body)} bytes, expected {_AUTH.size}")
+    version, role, origin, nonce, proof = _AUTH.unpack(body)
+    if version != VERSION:
+        raise ProtocolError(f"client speaks protocol version {version}, this bridge speaks {VERSION}")
+    try:
+        r = Role(role)
+    except ValueError:
+        raise ProtocolError(f"unknown role {role}") from None
+    if origin == 0:
+        raise ProtocolError("origin id 0 is reserved")
+    return r, origin, nonce, proof
+
+
+def welcome(proof: bytes, base: int, bits: int) -> bytes:
+    return frame(Frame.WELCOME, _WELCOME.pack(proof, base, bits))
+
+
+def parse_welcome(body: bytes) -> Tuple[bytes, int, int]:
+    if len(body) != _WELCOME.size:
+        raise ProtocolError(f"WELCOME of {len(body)} bytes, expected {_WELCOME.size}")
+    proof, base, bits = _WELCOME.unpack(body)
+    return proof, base, bits
+
+
+# ---- messages ------------------------------------------------------------------
+
+
+class Meta(NamedTuple):
+    """What a MSG or ITEM frame says about the payload that follows."""
+
+    key: str
+    dtype: np.dtype
+    shape: Tuple[int, ...]
+    nbytes: int
+
+
+def encode_meta(kind: Frame, stream: int, key: bytes, dtype_code: bytes, shape: Sequence[int], nbytes: int) -> bytes:
+    body = b"".join((_META.pack(nbytes, len(key), len(dtype_code), len(shape)), struct.pack(f"<{len(shape)}q", *shape), key, dtype_code))
+    return frame(kind, body, stream)
+
+
+_dtypes: dict = {}  # code -> dtype, for codes that passed the checks below
+
+
+def check_dtype(code: bytes) -> np.dtype:
+    dtype = _dtypes.get(code)
+    if dtype is not None:
+        return dtype
+    try:
+        dtype = np.dtype(code.decode("ascii"))
+    except (TypeError, ValueError, UnicodeDecodeError):
+        raise ProtocolError(f"unreadable dtype {code!r}") from None
+    if dtype.kind not in _DTYPE_KINDS or dtype.fields is not None or dtype.subdtype is not None or dtype.itemsize == 0:
+        raise ProtocolError(f"dtype {code!r} is not one shmrdv sends")
+    if len(_dtypes) < 1024:
+        _dtypes[code] = dtype
+    return dtype
+
+
+def parse_meta(body: bytes, max_nbytes: int) -> Meta:
+    """A MSG/ITEM body, every field checked; max_nbytes bounds the payload."""
+    if len(body) < _META.size:
+        raise ProtocolError(f"message header of {len(body)} bytes is truncated")
+    nbytes, key_len, dtype_len, ndim = _META.unpack_from(body)
+    if ndim > MAX_NDIM:
+        raise ProtocolError(f"{ndim} dimensions, at most {MAX_NDIM}")
+    if dtype_len == 0 or dtype_len > MAX_DTYPE:
+        raise ProtocolError(f"dtype of {dtype_len} bytes")
+    if key_len > MAX_KEY:
+        raise ProtocolError(f"key of {key_len} bytes, at most {MAX_KEY}")
+    if len(body) != _META.size + 8 * ndim + key_len + dtype_len:
+        raise ProtocolError("message header length does not match its counts")
+    off = _META.size
+    shape = struct.unpack_from(f"<{ndim}q", body, off)
+    off += 8 * ndim
+    try:
+        key = body[off : off + key_len].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("key is not UTF-8") from None
+    dtype = check_dtype(body[off + key_len :])
+    if any(n < 0 for n in shape):
+        raise ProtocolError(f"negative dimension in {shape}")
+    if nbytes > max_nbytes:
+        raise ProtocolError(f"message of {nbytes} bytes exceeds the limit of {max_nbytes}")
+    if math.prod(shape) * dtype.itemsize != nbytes:
+        raise ProtocolError(f"shape {shape} of {dtype} is not {nbytes} bytes")
+    return Meta(key, dtype, tuple(shape), nbytes)
+
+
+def ack(seq: int, status: Ack, reason: str = "") -> bytes:
+    return frame(Frame.ACK, _ACK.pack(status) + reason.encode("utf-8")[:MAX_REASON], seq)
+
+
+def parse_ack(body: bytes) -> Tuple[Ack, str]:
+    if not 1 <= len(body) <= 1 + MAX_REASON:
+        raise ProtocolError(f"ACK of {len(body)} bytes")
+    try:
+        status = Ack(body[0])
+    except ValueError:
+        raise ProtocolError(f"unknown ACK status {body[0]}") from None
+    return status, body[1:].decode("utf-8", "replace")
+
+
+def abort(reason: str) -> bytes:
+    return frame(Frame.ABORT, reason.encode("utf-8")[:MAX_REASON])
+
+
+def parse_text(body: bytes) -> str:
+    if len(body) > MAX_REASON + 1:
+        raise ProtocolError(f"text of {len(body)} bytes")
+    return body.decode("utf-8", "replace")
+
+
+def recv_request(request: int, key: bytes, timeout_ns: int) -> bytes:
+    return frame(Frame.RECV, _RECV.pack(timeout_ns) + key, request)
+
+
+def parse_recv(body: bytes) -> Tuple[str, int]:
+    if len(body) <= _RECV.size or len(body) > _RECV.size + MAX_KEY:
+        raise ProtocolError(f"RECV of {len(body)} bytes")
+    (timeout_ns,) = _RECV.unpack_from(body)
+    try:
+        key = body[_RECV.size :].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("key is not UTF-8") from None
+    return key, timeout_ns
+
+
+def error(request: int, code: RecvError, text: str) -> bytes:
+    return frame(Frame.ERROR, _ACK.pack(code) + text.encode("utf-8")[:MAX_REASON], request)
+
+
+def parse_error(body: bytes) -> Tuple[RecvError, str]:
+    if not 1 <= len(body) <= 1 + MAX_REASON:
+        raise ProtocolError(f"ERROR of {len(body)} bytes")
+    try:
+        code = RecvError(body[0])
+    except ValueError:
+        code = RecvError.FAILED
+    return code, body[1:].decode("utf-8", "replace")
+
+
+# ---- the dedupe window -----------------------------------------------------------
+# A receiver remembers which of a sender's sequence numbers it committed as
+# (base, bits): every seq <= base, and base + 1 + i for each bit i set. A
+# sender never has more than WINDOW messages past its oldest unacknowledged
+# one, so 64 bits are enough.
+
+
+def window_has(base: int, bits: int, seq: int) -> bool:
+    return seq <= base or (seq - base <= WINDOW and bool(bits >> (seq - base - 1) & 1))
+
+
+def window_add(base: int, bits: int, seq: int) -> Tuple[int, int]:
+    if seq - base > WINDOW:
+        raise ProtocolError(f"sequence {seq} is beyond the window after {base}")
+    bits |= 1 << (seq - base - 1)
+    while bits & 1:
+        base += 1
+        bits >>= 1
+    return base, bits
+
+
+# ---- socket I/O ---------------------------------------------------------------------
+
+Buffer = Union[bytes, bytearray, memoryview]
+
+
+class Reader:
+    """Reads frames from one socket: headers and small bodies into its own
+    buffer, DATA straight into the caller's memory."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._hdr = bytearray(HEADER.size)
+        self._hdr_view = memoryview(self._hdr)
+
+    def read_into(self, view: memoryview) -> None:
+        sock = self._sock
+        while view.nbytes:
+            try:
+                n = sock.recv_into(view)
+            except OSError as exc:
+                raise ConnectionLost(f"connection failed: {exc}") from exc
+            if n == 0:
+                raise ConnectionLost("connection closed by peer")
+            view = view[n:]
+
+    def header(self) -> Tuple[Frame, int, int]:
+        self.read_into(self._hdr_view)
+        kind, flags, reserved, length, stream = HEADER.unpack(self._hdr)
+        return check_header(kind, flags, reserved, length), length, stream
+
+    def body(self, length: int) -> bytes:
+        buf = bytearray(length)
+        self.read_into(memoryview(buf))
+        return bytes(buf)
+
+    def skip(self, length: int) -> None:
+        scratch = memoryview(bytearray(min(length, 1 << 16)))
+        while length:
+            n = min(length, scratch.nbytes)
+            self.read_into(scratch[:n])
+            length -= n
+
+    def expect(self, kind: Frame) -> bytes:
+        got, length, _ = self.header()
+        if got is Frame.REFUSED:
+            raise AuthenticationError(f"refused by the bridge: {parse_text(self.body(length))}")
+        if got is not kind:
+            raise ProtocolError(f"expected {kind.name}, got {got.name}")
+        return self.body(length)
+
+
+def send_all(sock: socket.socket, parts: List[Buffer]) -> None:
+    """Write parts in order with as few syscalls as the socket allows:
+    ``sendmsg`` gathers them (no joining copy); TLS sockets take them one
+    by one. Raises ConnectionLost."""
+    try:
+        if not hasattr(sock, "sendmsg") or _is_tls(sock):
+            for part in parts:
+                sock.sendall(part)
+            return
+        views = [memoryview(p).cast("B") for p in parts if len(p)]
+        while views:
+            sent = sock.sendmsg(views[:512])
+            while sent:
+                if sent >= views[0].nbytes:
+                    sent -= views[0].nbytes
+                    views.pop(0)
+                else:
+                    views[0] = views[0][sent:]
+                    sent = 0
+    except OSError as exc:
+        raise ConnectionLost(f"connection failed: {exc}") from exc
+
+
+def _is_tls(sock: socket.socket) -> bool:
+    import ssl
+
+    return isinstance(sock, ssl.SSLSocket)
+
+
+def parse_url(url: str) -> Tuple[str, str, int]:
+    """``tcp://host:port`` or ``tls://host:port`` -> (scheme, host, port)."""
+    if not isinstance(url, str):
+        raise TypeError(f"bridge address must be a str, not {type(url).__name__}")
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("tcp", "tls"):
+        raise ValueError(f"bridge address must look like tcp://HOST:PORT or tls://HOST:PORT: {url!r}")
+    host, port = split_host_port(rest, url)
+    return scheme, host, port
+
+
+def split_host_port(text: str, whole: Optional[str] = None, allow_any_port: bool = False) -> Tuple[str, int]:
+    """HOST:PORT (IPv6 hosts in brackets); port 0 only with allow_any_port."""
+    host, sep, port_s = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    low = 0 if allow_any_port else 1
+    if not sep or not host or not port_s.isdigit() or not low <= int(port_s) < 65536:
+        raise ValueError(f"expected HOST:PORT with a port in {low}..65535: {whole or text!r}")
+    return host, int(port_s)
