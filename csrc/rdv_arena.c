@@ -158,6 +158,18 @@ static int pin_head(rdv_t *h, uint64_t hd) {
     return moved;
 }
 
+/* A message block names its holder before it is published: a producer
+ * killed before it writes the rest of the header is still found as the
+ * owner of a WRITING block (see reclaim_entry), and its space comes back.
+ * Padding is never written: it may cover an island. */
+static void name_holder(rdv_t *h, uint64_t pos) {
+    struct rdv_msg *m = rdv_msg_at(h, pos);
+    m->pos = pos;
+    m->payload_off = 0; /* rdv_block_at checks it against the length */
+    m->stage = RDV_MSG_WRITING;
+    m->owner = (uint16_t)(h->me + 1);
+}
+
 /* Reserve [t, t+take) at the tail: claim the side entry at t (naming us),
  * move the tail, publish the entry. While the claim stands nobody else can
  * move the tail off t (producers that find a claimed entry at the tail wait
@@ -179,8 +191,11 @@ static int reserve(rdv_t *h, uint32_t *kent, uint64_t t, uint64_t take, uint32_t
         uint64_t want = t;
         /* relaxed: the claim, not the tail, is what other producers obey */
         if (rdv_cas(&h->khdr->p_tail, &want, t + take, __ATOMIC_RELAXED)) {
-            /* release: publishes the block (BUSY, or FREE for padding) to
-             * reclaimers; pairs with their acquire load of the entry */
+            if (!flags)
+                name_holder(h, t);
+            /* release: publishes the block (BUSY, or FREE for padding), and
+             * its holder, to reclaimers; pairs with their acquire load of
+             * the entry */
             smp_store_release(kent, (uint32_t)(take / RDV_GRANULE) | flags);
             rc = 0;
         } else {
@@ -265,22 +280,31 @@ void rdv_arena_recover_op(rdv_t *h, uint32_t dead) {
     struct rdv_header *khdr = h->khdr;
     /* acquire/relaxed: the ring window, as everywhere (tail only compared) */
     uint64_t hd = smp_load_acquire(&khdr->c_head), t = READ_ONCE(khdr->p_tail);
+    uint32_t to = 0;
     if (kind == RDV_OP_ALLOC) {
         /* Its tail CAS succeeded iff pos starts a block in the ring: then
-         * the block is its, never written: publish it as free padding. If
-         * the tail is still at pos it reserved nothing; otherwise its pos
-         * was stale and the claim sits inside another block or beyond. */
-        uint32_t to = (t != pos && land_on_block_start(h, pos) > 0)
-                          ? RDV_SIDE_LEN(val) | RDV_SIDE_FREE : 0;
-        /* release: as in reserve() */
-        rdv_cas(kent, &claim, to, __ATOMIC_RELEASE);
+         * the block is its, never published (its header at most half
+         * written): publish it as free padding. If the tail is still at pos
+         * it reserved nothing; otherwise its pos was stale and the claim
+         * sits inside another block or beyond. */
+        if (t != pos && land_on_block_start(h, pos) > 0)
+            to = RDV_SIDE_LEN(val) | RDV_SIDE_FREE;
     } else if (kind == RDV_OP_RECLAIM) {
         /* If the claimed granule lies in the ring window, the FREE block it
          * starts is still there (the head was not moved, or the claim was on
          * a later lap than the dead process thought): give the entry back.
          * Otherwise the head moved past it: clear the claim. */
         uint64_t lap_pos = hd + (pos % h->cap + h->cap - hd % h->cap) % h->cap;
-        rdv_cas(kent, &claim, lap_pos < t ? val : 0, __ATOMIC_RELEASE);
+        to = lap_pos < t ? val : 0;
+    } else {
+        return; /* an unknown step (damage): leave its claim alone */
+    }
+    /* release: as in reserve() and rdv_arena_free, whose stores these are */
+    if (rdv_cas(kent, &claim, to, __ATOMIC_RELEASE) && (to & RDV_SIDE_FREE)) {
+        /* A free block that may be the one at the head: reclaim, as
+         * rdv_arena_free does (full barrier: FREE store before head load). */
+        smp_mb();
+        reclaim(h);
     }
 }
 

@@ -66,12 +66,9 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
     m->next = 0;
     m->key_len = key_len;
     m->nbytes = nbytes;
-    m->pos = *pos;
-    m->payload_off = (uint32_t)meta;
+    m->payload_off = (uint32_t)meta; /* pos, stage and owner: set by rdv_arena_alloc */
     m->ndim = (uint16_t)ndim;
     m->dtype_len = (uint8_t)dtype_len;
-    m->stage = RDV_MSG_WRITING;
-    m->owner = (uint16_t)(h->me + 1);
     m->pad = 0;
     m->sender_cpu = (uint32_t)sched_getcpu();
     memcpy(m->dtype, dtype, dtype_len);
@@ -84,29 +81,25 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
     return 0;
 }
 
-static int do_send_commit(rdv_t *h, uint64_t pos) {
-    uint64_t len;
-    if (rdv_arena_check_busy(h, pos, &len) < 0)
-        return -EINVAL;
+int rdv_channel_link(rdv_t *h, uint64_t pos) {
     struct rdv_msg *m = rdv_msg_at(h, pos);
     const char *key = (const char *)(m + 1) + 16ull * m->ndim;
     uint32_t idx;
     int rc = rdv_index_acquire(h, key, m->key_len, 1, &idx);
-    if (rc < 0) {
-        rdv_arena_free(h, pos);
+    if (rc < 0)
         return rc;
-    }
     struct rdv_slot *s = &h->kslots[idx];
     if (rdv_is_aborted(h)) {
         /* rdv_abort drains each slot under its lock after setting the state:
          * a message linked after that drain would never be freed */
         rdv_index_maybe_delete(h, idx);
         rdv_index_release(h, idx);
-        rdv_arena_free(h, pos);
         return -ECONNABORTED;
     }
     /* QUEUED before linking, owner cleared after: if we die in between
-     * (holding the lock), repair finds the block by its owner and stage */
+     * (holding the lock), repair finds the block by its owner and stage.
+     * This store is the commit point: repair keeps a QUEUED block, and a
+     * marked commit counts as done from here on (rdv_mark.c). */
     m->stage = RDV_MSG_QUEUED;
     uint32_t g = (uint32_t)rdv_granule_of(h, pos) + 1;
     if (s->q_tail)
@@ -124,6 +117,16 @@ static int do_send_commit(rdv_t *h, uint64_t pos) {
         rdv_wake_sleepers(&s->seq, &s->sleepers);
     rdv_arena_committed(h, pos);
     return 0;
+}
+
+static int do_send_commit(rdv_t *h, uint64_t pos) {
+    uint64_t len;
+    if (rdv_arena_check_busy(h, pos, &len) < 0)
+        return -EINVAL;
+    int rc = rdv_channel_link(h, pos);
+    if (rc < 0)
+        rdv_arena_free(h, pos); /* a message that cannot be queued is not sent */
+    return rc;
 }
 
 static int do_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
@@ -370,16 +373,7 @@ static int do_release_payload(rdv_t *h, void *payload) {
 }
 
 /* ---- public entry points: each holds a reference on the mapping for the
- * duration of the call, and one more per payload it hands out. ---------- */
-
-#define WITH_REF(h, call)                                                          \
-    do {                                                                           \
-        if (rdv_get(h) < 0)                                                        \
-            return -EBADF;                                                         \
-        int rc_ = (call);                                                          \
-        rdv_put(h);                                                                \
-        return rc_;                                                                \
-    } while (0)
+ * duration of the call (WITH_REF), and one more per payload it hands out. */
 
 int rdv_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
                    uint32_t dtype_len, uint32_t ndim, const int64_t *shape,

@@ -18,16 +18,31 @@
 #include "shmrdv.h"
 
 #define RDV_MAGIC 0x31564452524d4853ULL /* "SHMRRDV1" little-endian */
-#define RDV_LAYOUT_VERSION 2u
+#define RDV_LAYOUT_VERSION 3u
 #define RDV_PAGE 4096u
 #define RDV_LINE 64u
 #define RDV_GRANULE 64u /* arena allocation unit and payload alignment */
 #define RDV_MAX_ARENA ((1ULL << 36) - RDV_PAGE) /* block lengths fit the side table */
 #define RDV_MAX_ISLANDS 64
 #define RDV_MAX_PROCS 128 /* processes attached at once (handles, really) */
-#define RDV_PROC_WAITS 56 /* concurrent waits per handle that survive its death */
+#define RDV_PROC_WAITS 46 /* concurrent waits per handle that survive its death */
 
 /* ---- header (page 0) ---------------------------------------------------- */
+
+/* A producer mark: a small record an idempotent producer (the network
+ * bridge) keeps beside the messages it commits, e.g. the last sequence
+ * number of a remote sender. rdv_send_commit_marked changes it together with
+ * a commit, so that after the producer's death either both happened or
+ * neither did. Each mark has one writer at a time (the caller's contract);
+ * its words are read and written relaxed: a reader that wants the triple
+ * whole reads it when the writer is idle or dead. id 0: unused. */
+struct rdv_mark {
+    uint64_t id;
+    uint64_t val[2];
+    uint64_t pad;
+};
+
+_Static_assert(sizeof(struct rdv_mark) == 32, "a mark is 32 B");
 
 enum { RDV_RUNNING = 0, RDV_ABORTING = 1, RDV_ABORTED = 2 };
 
@@ -75,6 +90,9 @@ struct rdv_header {
     uint32_t island_lock;
     uint32_t pad5;
     uint64_t islands[RDV_MAX_ISLANDS];
+
+    /* Producer marks (see struct rdv_mark). */
+    struct rdv_mark marks[RDV_MAX_MARKS];
 };
 
 _Static_assert(offsetof(struct rdv_header, hash_seed) == 1 * RDV_LINE, "line 1");
@@ -83,6 +101,9 @@ _Static_assert(offsetof(struct rdv_header, c_head) == 3 * RDV_LINE, "line 3");
 _Static_assert(offsetof(struct rdv_header, abort_state) == 4 * RDV_LINE, "line 4");
 _Static_assert(offsetof(struct rdv_header, abort_reason) == 5 * RDV_LINE, "reason");
 _Static_assert(offsetof(struct rdv_header, islands) == 5 * RDV_LINE + RDV_REASON_MAX + 8, "islands");
+_Static_assert(offsetof(struct rdv_header, marks) ==
+                   5 * RDV_LINE + RDV_REASON_MAX + 8 + 8 * RDV_MAX_ISLANDS, "marks");
+_Static_assert(offsetof(struct rdv_header, marks) % 8 == 0, "marks are word-aligned");
 _Static_assert(sizeof(struct rdv_header) <= RDV_PAGE, "header fits page 0");
 
 /* ---- process table ---------------------------------------------------------
@@ -111,8 +132,24 @@ struct rdv_proc {
     /* Waits in progress: key slot index + 1, | RDV_WAIT_SLEEPING while also
      * counted in that slot's sleepers; so a dead waiter's counts come back. */
     uint32_t waits[RDV_PROC_WAITS];
+    /* A mark change in progress (rdv_send_commit_marked, rdv_mark_set), so
+     * that whoever reclaims us after a death in the middle can roll the mark
+     * back if the change did not happen. One at a time per handle
+     * (rdv.mark_lock). */
+    uint32_t mark_state; /* 0 none, else mark index + 1: a marked commit (or set) in progress */
+    uint32_t mark_pad;
+    uint64_t mark_pos;     /* the block being committed, or RDV_MARK_NO_MESSAGE */
+    uint64_t mark_prev[3]; /* the mark's id, val[0], val[1] before this change */
 };
 
+/* mark_pos of a plain rdv_mark_set: no block has it (not granule-aligned),
+ * so a set in progress is always rolled back. */
+#define RDV_MARK_NO_MESSAGE UINT64_MAX
+
+_Static_assert(offsetof(struct rdv_proc, op_kind) == 16, "op record (tests poke it)");
+_Static_assert(offsetof(struct rdv_proc, waits) == 32, "wait records");
+_Static_assert(offsetof(struct rdv_proc, mark_state) == 32 + 4 * RDV_PROC_WAITS, "mark record");
+_Static_assert(offsetof(struct rdv_proc, mark_pos) % 8 == 0, "mark record is word-aligned");
 _Static_assert(sizeof(struct rdv_proc) == 4 * RDV_LINE, "process entry is 256 B");
 _Static_assert(RDV_MAX_PROCS * sizeof(struct rdv_proc) % RDV_PAGE == 0, "table is whole pages");
 
@@ -211,6 +248,10 @@ struct rdv {
     int fd;             /* the segment file, kept open: it carries our byte lock */
     uint32_t me;        /* our process entry; lock words hold me + 1 */
     pthread_mutex_t op_lock; /* one arena step at a time: our entry has one op record */
+    /* One mark change at a time: our entry has one mark record. Not op_lock:
+     * a commit takes op_lock inside (freeing, reclaiming the dead). Taken
+     * before op_lock, never while holding it. */
+    pthread_mutex_t mark_lock;
     int acting;         /* registering into a full table: me is the dead entry being reclaimed */
     pid_t pid;          /* the process that attached: in a forked child the handle is inert */
     uint32_t reaped;    /* dead processes this handle reclaimed, and the first pids */
@@ -223,6 +264,15 @@ struct rdv {
 int rdv_get(rdv_t *h);
 int rdv_forked(const rdv_t *h);
 void rdv_put(rdv_t *h);
+/* The body of a public entry point: call with a reference held. */
+#define WITH_REF(h, call)                                                          \
+    do {                                                                           \
+        if (rdv_get(h) < 0)                                                        \
+            return -EBADF;                                                         \
+        int rc_ = (call);                                                          \
+        rdv_put(h);                                                                \
+        return rc_;                                                                \
+    } while (0)
 
 /* rdv_proc.c: registry, liveness, and reclaiming what dead processes held */
 int rdv_proc_register(rdv_t *h);
@@ -243,7 +293,18 @@ void rdv_slot_lock(rdv_t *h, uint32_t *klock);
 void rdv_slot_unlock(uint32_t *klock);
 void rdv_hash_key(const rdv_t *h, const char *key, uint32_t len, uint64_t *h1, uint64_t *h2);
 
+/* rdv_channel.c: link the WRITING block at pos (checked by the caller to be
+ * busy) onto its key's queue. On failure the block is left as it was, the
+ * caller's to free. */
+int rdv_channel_link(rdv_t *h, uint64_t pos);
+
+/* rdv_mark.c: roll back or keep the mark change a dead entry was making.
+ * Called by its reclaimer after its slot locks are repaired and before its
+ * WRITING blocks are freed. */
+void rdv_mark_recover(rdv_t *h, uint32_t dead);
+
 /* rdv_arena.c */
+/* A block at *pos whose header already names us: pos, stage WRITING, owner. */
 int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos);
 int rdv_arena_free(rdv_t *h, uint64_t pos);
 void rdv_arena_recover_op(rdv_t *h, uint32_t dead);

@@ -8,6 +8,8 @@
  *     had linked it survives; one it was still writing is dropped);
  *   - its ins_lock and island_lock holds;
  *   - its waits: waiter and sleeper counts go back down;
+ *   - a producer-mark change it was making: rolled back unless its commit
+ *     happened (rdv_mark.c);
  *   - its blocks: views it held (DELIVERED) and blocks it was writing
  *     (WRITING) are freed. */
 #define _GNU_SOURCE
@@ -64,8 +66,9 @@ static int claim_free_entry(rdv_t *h) {
         p->pid = (uint32_t)getpid();
         p->attached_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
         memset(p->waits, 0, sizeof p->waits);
+        p->mark_state = 0; /* zero already, unless damaged: no change of ours in flight */
         h->me = i;
-        /* release: publishes pid and the cleared waits to readers of state */
+        /* release: publishes pid and the cleared records to readers of state */
         smp_store_release(&p->state, RDV_PROC_ALIVE);
         return 0;
     }
@@ -309,6 +312,11 @@ static void reclaim_entry(rdv_t *h, uint32_t dead) {
     /* 1. Its locks, and an arena step it was in the middle of. */
     reclaim_locks(h, dead);
     rdv_arena_recover_op(h, dead);
+    /* 1b. A mark change it was making: decided from the block it was
+     * committing, so only now that repair has kept (QUEUED) or dropped
+     * (still WRITING) a message it was linking, and before step 3 frees its
+     * WRITING blocks. */
+    rdv_mark_recover(h, dead);
     /* 2. Its waits. */
     struct rdv_proc *p = &h->kprocs[dead];
     for (int i = 0; i < RDV_PROC_WAITS; i++) {

@@ -66,6 +66,7 @@ static int map_segment(int fd, const struct layout *l, rdv_t **out) {
     h->refs = 1;
     h->pid = getpid();
     pthread_mutex_init(&h->op_lock, NULL);
+    pthread_mutex_init(&h->mark_lock, NULL);
     /* our own descriptor: it carries our process-table byte lock */
     h->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (h->fd < 0) {
@@ -118,8 +119,9 @@ static int validate_state(rdv_t *h) {
             READ_ONCE(s->ins_lock) > RDV_MAX_PROCS)
             return -EBADMSG;
     }
-    for (uint32_t i = 0; i < RDV_MAX_PROCS; i++) /* relaxed: a range check */
-        if (READ_ONCE(h->kprocs[i].state) > RDV_PROC_RECLAIMING)
+    for (uint32_t i = 0; i < RDV_MAX_PROCS; i++) /* relaxed: range checks */
+        if (READ_ONCE(h->kprocs[i].state) > RDV_PROC_RECLAIMING ||
+            READ_ONCE(h->kprocs[i].mark_state) > RDV_MAX_MARKS)
             return -EBADMSG;
     return 0;
 }

@@ -10,6 +10,7 @@
 #define RDV_DTYPE_MAX 24
 #define RDV_REASON_MAX 1024
 #define RDV_NAME_MAX 200
+#define RDV_MAX_MARKS 64
 
 typedef struct rdv rdv_t;
 
@@ -61,6 +62,27 @@ int rdv_send_discard(rdv_t *h, uint64_t pos);
 int rdv_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
              uint32_t dtype_len, uint32_t ndim, const int64_t *shape,
              const int64_t *strides, const void *src, uint64_t nbytes, int64_t timeout_ns);
+
+/* Producer marks: RDV_MAX_MARKS records of (id, val0, val1) in the segment,
+ * for idempotent producers such as the network bridge, which must know after
+ * a restart exactly which of its messages were committed. id 0 means unused.
+ *
+ * rdv_send_commit_marked is rdv_send_commit that also sets mark idx to (id,
+ * val0, val1), atomically with respect to the caller's death: once the dead
+ * caller is reclaimed, either the message is committed and the mark updated,
+ * or the message is not committed and the mark unchanged. A commit that
+ * fails (-errno) leaves the mark unchanged too. rdv_mark_set changes a mark
+ * with no message (to claim or reset it), as atomically. Each mark must have
+ * one writer at a time: that is the caller's contract (the bridge serializes
+ * per mark); concurrent writers of one mark may undo each other. A handle
+ * makes one mark change at a time (concurrent calls queue on a lock).
+ * rdv_mark_get reads a mark; the triple is consistent when its writer is not
+ * in the middle of a change (idle, or dead and reclaimed). -EINVAL when idx
+ * is not below RDV_MAX_MARKS. */
+int rdv_mark_get(rdv_t *h, uint32_t idx, uint64_t *id, uint64_t *val0, uint64_t *val1);
+int rdv_mark_set(rdv_t *h, uint32_t idx, uint64_t id, uint64_t val0, uint64_t val1);
+int rdv_send_commit_marked(rdv_t *h, uint64_t pos, uint32_t idx, uint64_t id, uint64_t val0,
+                           uint64_t val1);
 
 /* Consumer. timeout_ns: < 0 forever, 0 never blocks (-EAGAIN when empty).
  * cancel (may be NULL) is a process-local word: 0 while waiting; rdv_cancel

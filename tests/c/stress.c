@@ -8,7 +8,13 @@
  * others': a bounded buffer's deadlock, not the core's), holding a random few
  * views for a while so the ring wraps around held blocks, and verify every
  * payload. The parent checks that the sum of checksums sent equals the
- * sum received and that the arena is empty at the end. */
+ * sum received and that the arena is empty at the end.
+ *
+ * Then producer marks under SIGKILL: a producer publishes 1, 2, 3, ... on one
+ * key with rdv_send_commit_marked, each setting mark 0 to (MARK_ID, n, 0),
+ * starting after the value the mark holds; the parent kills it at random
+ * moments (often inside a marked commit: it is much of the loop) and starts
+ * another, receiving as it goes. It must receive exactly 1..mark, in order. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -30,6 +36,9 @@
 #define MAX_WORDS 2048 /* up to 16 KiB payloads */
 #define HOLD 4         /* views a consumer keeps at once */
 #define TIMEOUT_NS (20LL * 1000000000)
+#define KILLS 200
+#define MARK_ID 0x5eed0001ULL
+#define MARKED_KEY "/job:stress/task:0;marked;0:0"
 
 static uint64_t rng(uint64_t *s) {
     *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
@@ -134,6 +143,86 @@ static uint64_t consume(const char *name, int id) {
     return sum;
 }
 
+static void produce_marked(const char *name) {
+    rdv_t *h = attach(name);
+    uint64_t id, n, unused;
+    int rc = rdv_mark_get(h, 0, &id, &n, &unused);
+    if (rc)
+        die("mark_get", rc);
+    for (;;) { /* until killed */
+        n++;
+        int64_t shape[1] = {1}, strides[1] = {8};
+        uint64_t pos;
+        void *payload;
+        rc = rdv_send_begin(h, MARKED_KEY, strlen(MARKED_KEY), "<u8", 3, 1, shape, strides, 8,
+                            TIMEOUT_NS, &pos, &payload);
+        if (rc)
+            die("send_begin", rc);
+        memcpy(payload, &n, 8);
+        rc = rdv_send_commit_marked(h, pos, 0, MARK_ID, n, 0);
+        if (rc)
+            die("send_commit_marked", rc);
+        rdv_unref(h);
+    }
+}
+
+/* Receive what is queued on the marked key: each must be *next, then next + 1... */
+static int drain_marked(rdv_t *h, uint64_t *next) {
+    struct rdv_msg_info info;
+    int rc;
+    while ((rc = rdv_recv(h, MARKED_KEY, strlen(MARKED_KEY), 0, NULL, &info)) == 0) {
+        uint64_t n;
+        memcpy(&n, info.payload, 8);
+        rdv_release_payload(h, info.payload);
+        if (n != *next) {
+            fprintf(stderr, "stress: marked: received %llu, expected %llu\n", (unsigned long long)n,
+                    (unsigned long long)*next);
+            return 1;
+        }
+        ++*next;
+    }
+    return rc != -EAGAIN;
+}
+
+static int marked_kill_loop(rdv_t *h, const char *name) {
+    int rc = rdv_mark_set(h, 0, MARK_ID, 0, 0);
+    if (rc)
+        die("mark_set", rc);
+    uint64_t next = 1, seed = 12345, id, last, v1;
+    int failed = 0;
+    for (int k = 0; k < KILLS && !failed; k++) {
+        uint64_t before = next - 1; /* the mark: every message committed so far is drained */
+        pid_t pid = fork();
+        if (pid < 0)
+            die("fork", -errno);
+        if (pid == 0) {
+            alarm(60); /* never hang */
+            produce_marked(name);
+        }
+        /* once it has committed (so every round makes progress), at random */
+        uint64_t n = before;
+        for (int waited = 0; n == before && waited < 10000; waited++) {
+            usleep(1000);
+            rc = rdv_mark_get(h, 0, &id, &n, &v1);
+            if (rc)
+                die("mark_get", rc);
+        }
+        failed |= n == before;
+        usleep(rng(&seed) % 2000);
+        kill(pid, SIGKILL);
+        int status;
+        waitpid(pid, &status, 0);
+        failed |= !WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL;
+        failed |= drain_marked(h, &next);
+    }
+    rdv_gc(h, NULL);
+    failed |= drain_marked(h, &next);
+    rc = rdv_mark_get(h, 0, &id, &last, &v1);
+    printf("stress: marked: %d kills, %llu messages, mark %llu\n", KILLS,
+           (unsigned long long)next - 1, (unsigned long long)last);
+    return failed || rc || id != MARK_ID || last != next - 1 || last < KILLS;
+}
+
 int main(void) {
     char name[64];
     snprintf(name, sizeof name, "/shmrdv-t-cstress-%d", getpid());
@@ -176,6 +265,9 @@ int main(void) {
     printf("stress: %d messages, sent sum %llx, received sum %llx, pending %llu, bytes used %llu\n",
            PRODUCERS * MESSAGES, (unsigned long long)sent, (unsigned long long)received,
            (unsigned long long)st.pending_messages, (unsigned long long)st.bytes_used);
+    failed |= st.pending_messages || st.bytes_used || st.keys;
+    failed |= marked_kill_loop(h, name);
+    rdv_stats(h, &st);
     rdv_close(h);
     shm_unlink(name);
     if (failed || sent != received || st.pending_messages || st.bytes_used || st.keys) {
