@@ -10,13 +10,15 @@ import warnings
 import weakref
 from concurrent.futures import Future
 from functools import partial
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Tuple, Union
 
 import numpy as np
 import posix_ipc
 
 from ._binding import ffi, lib, raise_rc
-from .errors import InvalidArgument, InvalidType, RendezvousError, SegmentMismatch
+from .errors import InvalidArgument, InvalidType, MessageTooLarge, RendezvousError, SegmentMismatch
+from .outbox import OUTBOX_KEY
+from .routing import RemoteAllocation, Routes, announce
 from .stats import KeyInfo, ProcessInfo, Stats
 
 DEFAULT_SIZE = 64 << 20
@@ -61,6 +63,37 @@ def _timeout_ns(timeout: object) -> int:
     if timeout * _NS >= 1 << 62:  # includes inf: as good as forever
         return -1
     return int(timeout * _NS)
+
+
+MAX_MARKS = int(lib.RDV_MAX_MARKS)
+"""Producer marks per rendezvous: ``Rendezvous.mark(idx)`` takes idx in [0, MAX_MARKS)."""
+_U64_MAX = (1 << 64) - 1
+Mark = Tuple[int, int, int, int]
+"""A producer mark change: (index, id, val0, val1)."""
+
+
+def _mark_index(idx: object) -> int:
+    if isinstance(idx, bool) or not isinstance(idx, int):
+        raise InvalidType(f"mark index must be an int, not {type(idx).__name__}")
+    if not 0 <= idx < MAX_MARKS:
+        raise InvalidArgument(f"mark index must be in [0, {MAX_MARKS}), got {idx}")
+    return idx
+
+
+def _u64(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidType(f"{what} must be an int, not {type(value).__name__}")
+    if not 0 <= value <= _U64_MAX:
+        raise InvalidArgument(f"{what} must fit 64 unsigned bits, got {value}")
+    return value
+
+
+def _mark(mark: object) -> Mark:
+    """Check a mark=(idx, id, val0, val1) argument."""
+    if not isinstance(mark, tuple) or len(mark) != 4:
+        raise InvalidType(f"mark must be None or a tuple (idx, id, val0, val1), not {mark!r}")
+    idx, id_, val0, val1 = mark
+    return (_mark_index(idx), _u64(id_, "mark id"), _u64(val0, "mark val0"), _u64(val1, "mark val1"))
 
 
 def _positive_int(value: object, what: str) -> int:
@@ -237,11 +270,12 @@ class Allocation:
     writable array over it, and whose ``__exit__`` publishes it (clean exit)
     or frees it (exception)."""
 
-    __slots__ = ("_rdv", "_key", "_kb", "_dtype", "_shape", "_timeout_ns", "_h", "_pos")
+    __slots__ = ("_rdv", "_key", "_kb", "_dtype", "_shape", "_timeout_ns", "_mark", "_h", "_pos")
 
-    def __init__(self, rdv: "Rendezvous", key: str, kb: bytes, dtype: np.dtype, shape: Tuple[int, ...], timeout_ns: int) -> None:
+    def __init__(self, rdv: "Rendezvous", key: str, kb: bytes, dtype: np.dtype, shape: Tuple[int, ...], timeout_ns: int, mark: Optional[Mark] = None) -> None:
         self._rdv, self._key, self._kb = rdv, key, kb
         self._dtype, self._shape, self._timeout_ns = dtype, shape, timeout_ns
+        self._mark = mark
         self._h: Any = None
         self._pos = -1
 
@@ -269,9 +303,20 @@ class Allocation:
         if exc_type is not None:
             lib.rdv_send_discard(h, self._pos)
             return
-        rc = lib.rdv_send_commit(h, self._pos)
+        if self._mark is None:
+            rc = lib.rdv_send_commit(h, self._pos)
+        else:
+            rc = lib.rdv_send_commit_marked(h, self._pos, *self._mark)
         if rc < 0:
             self._rdv._fail(rc, f"send {self._key!r}")
+
+    def publish(self, mark: Optional[Mark] = None) -> None:
+        """Publish the entered block now, setting producer mark ``mark`` with
+        it (for a producer that learns the mark's value only once the payload
+        is written); the ``with`` block's exit then does nothing."""
+        if mark is not None:
+            self._mark = _mark(mark)
+        self.__exit__(None, None, None)
 
 
 _open_rendezvous: "weakref.WeakSet[Rendezvous]" = weakref.WeakSet()
@@ -297,6 +342,15 @@ class Rendezvous:
     with size); both only matter when creating. The segment is created mode
     0600 as ``/dev/shm/shmrdv-NAME`` and lives until ``unlink()``: messages
     survive the processes that sent them.
+
+    ``routes`` maps TF device prefixes to the bridges of other hosts, e.g.
+    ``{"/job:worker/replica:0/task:1": "tcp://hostB:7700"}``, with the shared
+    ``token`` (str or bytes) those bridges expect and, for ``tls://`` routes,
+    ``tls_ca`` to verify them. A ``send`` (or ``alloc``) whose key's
+    ``dst_device`` lies under a route is queued in this rendezvous for this
+    host's bridge (``shmrdv bridge``), which delivers it exactly once to the
+    remote rendezvous, where an ordinary ``recv`` takes it. Other keys stay
+    local.
     """
 
     def __init__(
@@ -306,8 +360,12 @@ class Rendezvous:
         size: Optional[int] = None,
         create: Optional[bool] = None,
         max_keys: Optional[int] = None,
+        routes: Optional[Mapping[str, str]] = None,
+        token: Union[str, bytes, None] = None,
+        tls_ca: Optional[str] = None,
     ) -> None:
         self._h = None
+        self._routes: Optional[Routes] = None if routes is None else Routes(routes, token, tls_ca)
         self._forked = False
         self._pending: "weakref.WeakSet[_RecvFuture]" = weakref.WeakSet()
         if not isinstance(name, str):
@@ -327,6 +385,8 @@ class Rendezvous:
             self.close()
             raise SegmentMismatch(f"rendezvous {name!r} exists with capacity {self._capacity}, not size={req_size}")
         self._attach_handle(self._h)
+        if self._routes is not None:
+            announce(self, self._routes)
 
     # ---- lifecycle ---------------------------------------------------------
 
@@ -423,7 +483,10 @@ class Rendezvous:
 
     def __reduce__(self) -> Tuple[Any, Tuple[str]]:
         # A child process re-attaches by name instead of pickling a mapping.
-        return (partial(Rendezvous, create=False), (self._name,))
+        if self._routes is None:
+            return (partial(Rendezvous, create=False), (self._name,))
+        r = self._routes
+        return (partial(Rendezvous, create=False, routes=r.table, token=r.token or None, tls_ca=r.tls_ca), (self._name,))
 
     def _handle(self) -> Any:
         h = self._h
@@ -483,6 +546,11 @@ class Rendezvous:
         kb = _key_cache.get(key) if type(key) is str else None
         if kb is None:
             kb = _key_bytes(key)
+        if self._routes is not None:
+            url = self._routes.url_for(key)
+            if url is not None:
+                self._send_remote(url, key, kb, array, timeout)
+                return
         t = -1 if timeout is None else _timeout_ns(timeout)
         arr = array if type(array) is np.ndarray else self._sendable(array)
         h = self._h
@@ -506,20 +574,51 @@ class Rendezvous:
         with Allocation(self, key, kb, dtype, arr.shape, t) as dst:
             np.copyto(dst, arr)
 
+    def _send_remote(self, url: bytes, key: str, kb: bytes, array: Any, timeout: Optional[float]) -> None:
+        """Queue an envelope for this host's bridge: still one copy."""
+        arr = self._sendable(array)
+        with self._remote_alloc(url, key, kb, arr.dtype, arr.shape, timeout) as dst:
+            np.copyto(dst, arr)
+
+    def _remote_alloc(self, url: bytes, key: str, kb: bytes, dtype: np.dtype, shape: Tuple[int, ...], timeout: Optional[float]) -> RemoteAllocation:
+        assert self._routes is not None
+        code = _dtype_code(dtype)
+        nbytes = _layout(shape, dtype.itemsize).nbytes
+        head, off = self._routes.envelope_head(url, kb, code, shape, nbytes)
+        try:
+            envelope = self.alloc(OUTBOX_KEY, (off + nbytes,), np.uint8, timeout=timeout)
+        except MessageTooLarge as exc:
+            raise MessageTooLarge(f"send {key!r}: {exc}") from None
+        return RemoteAllocation(envelope, head, off, dtype, shape)
+
+    @property
+    def routes(self) -> Dict[str, str]:
+        """The route table given at construction (empty: every key is local)."""
+        return {} if self._routes is None else self._routes.table
+
     @staticmethod
     def _unref_payload(h: Any, _payload: Any) -> None:
         lib.rdv_unref(h)
 
-    def alloc(self, key: str, shape: Any, dtype: Any, *, timeout: Optional[float] = None) -> "Allocation":
+    def alloc(
+        self, key: str, shape: Any, dtype: Any, *, timeout: Optional[float] = None, mark: Optional[Mark] = None
+    ) -> "Allocation":
         """Zero-copy producer: ``with rdv.alloc(key, shape, dtype) as buf:``
         gives a writable array inside shared memory.
 
         On clean exit of the ``with`` block the array is published under
         ``key`` exactly as ``send`` would; on an exception its space is freed
         and nothing is sent. Do not write to the array after the block ends.
-        Entering blocks like ``send`` while the arena is full."""
+        Entering blocks like ``send`` while the arena is full.
+
+        ``mark=(idx, id, val0, val1)``: publishing also sets producer mark
+        ``idx`` to ``(id, val0, val1)`` (see ``mark``), atomically with respect
+        to this process's death: once a dead producer has been reclaimed,
+        either the message is queued and the mark set, or neither. A publish
+        that fails, or an exception in the block, leaves the mark as it was."""
         kb = _key_bytes(key)
         t = _timeout_ns(timeout)
+        checked_mark = None if mark is None else _mark(mark)
         try:
             dt = np.dtype(dtype)
             shp = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
@@ -528,7 +627,48 @@ class Rendezvous:
         if any(n < 0 for n in shp):
             raise InvalidArgument(f"shape must be non-negative: {shp}")
         _dtype_code(dt)
-        return Allocation(self, key, kb, dt, shp, t)
+        if self._routes is not None:
+            url = self._routes.url_for(key)
+            if url is not None:
+                if mark is not None:
+                    raise InvalidArgument(f"alloc {key!r}: producer marks are local; this key is routed to {url.decode()}")
+                return self._remote_alloc(url, key, kb, dt, shp, timeout)  # type: ignore[return-value]
+        return Allocation(self, key, kb, dt, shp, t, checked_mark)
+
+    # ---- producer marks ----------------------------------------------------
+
+    def mark(self, idx: int) -> Tuple[int, int, int]:
+        """Producer mark ``idx`` as ``(id, val0, val1)``.
+
+        producer marks: for idempotent producers such as the network bridge;
+        see docs. A rendezvous holds ``MAX_MARKS`` (64) marks, each three
+        unsigned 64-bit words, all zero until set; id 0 means unused. A
+        producer records in a mark how far it got (e.g. the last sequence
+        number it published for a remote sender) with ``alloc(...,
+        mark=...)``, and a producer restarted after a crash reads it back
+        here. Each mark must have one writer at a time.
+
+        Returns a value some change left, never one in the middle of a
+        change: waits (briefly) while a live writer is changing the mark, and
+        reclaims a dead writer first, rolling its change back if its message
+        was not committed. ``InvalidArgument`` if idx is out of range."""
+        i = _mark_index(idx)
+        out = ffi.new("uint64_t[3]")
+        rc = lib.rdv_mark_get(self._handle(), i, out, out + 1, out + 2)
+        if rc < 0:
+            raise_rc(rc, f"mark {i}")
+        return (int(out[0]), int(out[1]), int(out[2]))
+
+    def set_mark(self, idx: int, id: int, val0: int, val1: int) -> None:
+        """Set producer mark ``idx`` to ``(id, val0, val1)`` with no message:
+        to claim a mark or reset it (see ``mark``). Atomic with respect to
+        this process's death (a death before it returns may leave the old
+        value). Never blocks for long. ``InvalidArgument`` if idx is out of
+        range or a value does not fit 64 unsigned bits."""
+        i, id_, v0, v1 = _mark((idx, id, val0, val1))
+        rc = lib.rdv_mark_set(self._handle(), i, id_, v0, v1)
+        if rc < 0:
+            raise_rc(rc, f"set_mark {i}")
 
     # ---- receiving ---------------------------------------------------------
 

@@ -1,0 +1,110 @@
+"""Routes: which TF-style keys leave this host, and for which bridge.
+
+A route maps a device-name prefix (``/job:worker/replica:0/task:1``) to a
+bridge URL (``tcp://hostB:7700`` or ``tls://...``). A key whose parsed
+``dst_device`` is the prefix or lies under it (the next character is ``/``)
+is remote; the longest matching prefix wins. Keys that do not parse as TF
+keys, and keys under no route, stay local.
+"""
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from . import outbox
+from .auth import Token, normalize_token
+from .errors import InvalidArgument, InvalidType
+from .keys import parse_key
+from .protocol import parse_url
+
+_MAX_CACHED = 4096
+
+
+class Routes:
+    """A route table plus the credentials a send to it needs; each key's
+    decision is cached, so routing costs one dict lookup per send."""
+
+    def __init__(self, routes: Mapping[str, str], token: Token, tls_ca: Optional[str]) -> None:
+        if not isinstance(routes, Mapping):
+            raise InvalidType(f"routes must be a mapping of device prefix to bridge URL, not {type(routes).__name__}")
+        self._routes: Dict[str, str] = {}
+        for prefix, url in routes.items():
+            if not isinstance(prefix, str) or not prefix.startswith("/") or prefix.endswith("/") or ";" in prefix:
+                raise InvalidArgument(f"route prefix must be a device name like '/job:worker/replica:0/task:1': {prefix!r}")
+            try:
+                parse_url(url)
+            except (TypeError, ValueError) as exc:
+                raise InvalidArgument(f"route {prefix!r}: {exc}") from None
+            self._routes[prefix] = url
+        self._token = normalize_token(token)
+        if tls_ca is not None and not isinstance(tls_ca, str):
+            raise InvalidType(f"tls_ca must be a path (str), not {type(tls_ca).__name__}")
+        self._ca = (tls_ca or "").encode("utf-8")
+        self._by_key: Dict[str, Optional[bytes]] = {}
+
+    @property
+    def table(self) -> Dict[str, str]:
+        return dict(self._routes)
+
+    @property
+    def token(self) -> bytes:
+        return self._token
+
+    @property
+    def tls_ca(self) -> Optional[str]:
+        return self._ca.decode("utf-8") or None
+
+    def url_for(self, key: str) -> Optional[bytes]:
+        """The bridge URL (bytes) a key goes to, or None when it stays local."""
+        try:
+            return self._by_key[key]
+        except (KeyError, TypeError):  # TypeError: not a str; send says so
+            pass
+        url = None
+        try:
+            dst = parse_key(key).dst_device
+        except (TypeError, ValueError):
+            dst = None
+        if dst is not None:
+            best = -1
+            for prefix, target in self._routes.items():
+                if len(prefix) > best and (dst == prefix or dst.startswith(prefix + "/")):
+                    best, url = len(prefix), target.encode("ascii")
+        if isinstance(key, str):
+            if len(self._by_key) >= _MAX_CACHED:
+                self._by_key.clear()
+            self._by_key[key] = url
+        return url
+
+    def envelope_head(self, url: bytes, kb: bytes, dtype_code: bytes, shape: Tuple[int, ...], nbytes: int) -> Tuple[bytes, int]:
+        return outbox.head(url, self._token, self._ca, kb, dtype_code, shape, nbytes)
+
+
+def announce(rdv: Any, routes: "Routes") -> None:
+    """Tell this host's bridge about every route (an empty envelope each),
+    without waiting: with the arena full, the first send announces instead."""
+    from .errors import RendezvousError
+
+    for url in sorted(set(routes.table.values())):
+        head, off = routes.envelope_head(url.encode("ascii"), outbox.ANNOUNCE_KEY, b"|u1", (0,), 0)
+        try:
+            with rdv.alloc(outbox.OUTBOX_KEY, (off,), np.uint8, timeout=0) as buf:
+                buf[: len(head)] = np.frombuffer(head, np.uint8)
+        except RendezvousError:
+            pass
+
+
+class RemoteAllocation:
+    """``alloc`` for a routed key: the buffer is the payload of an outbox
+    envelope, so the tensor is still written once, in place."""
+
+    def __init__(self, envelope: Any, head: bytes, payload_off: int, dtype: np.dtype, shape: Tuple[int, ...]) -> None:
+        self._envelope = envelope
+        self._head, self._off, self._dtype, self._shape = head, payload_off, dtype, shape
+
+    def __enter__(self) -> np.ndarray:
+        buf = self._envelope.__enter__()
+        buf[: len(self._head)] = np.frombuffer(self._head, np.uint8)
+        return outbox.payload_array(buf, self._off, self._dtype, self._shape)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._envelope.__exit__(*exc)
