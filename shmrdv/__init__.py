@@ -15,11 +15,15 @@ from .errors import (
     TooManyKeys,
 )
 from .keys import ParsedKey, create_key, parse_key
+from .protocol import AuthenticationError, ConnectionLost, ProtocolError
 from .rendezvous import DEFAULT_SIZE, Rendezvous
+from .connect import RemoteRendezvous, connect
 from .stats import KeyInfo, ProcessInfo, Stats
 
 __all__ = [
     "Aborted",
+    "AuthenticationError",
+    "ConnectionLost",
     "DEFAULT_SIZE",
     "InvalidArgument",
     "InvalidType",
@@ -27,12 +31,15 @@ __all__ = [
     "MessageTooLarge",
     "ParsedKey",
     "ProcessInfo",
+    "ProtocolError",
+    "RemoteRendezvous",
     "Rendezvous",
     "RendezvousError",
     "RendezvousTimeout",
     "SegmentMismatch",
     "Stats",
     "TooManyKeys",
+    "connect",
     "create_key",
     "parse_key",
 ]

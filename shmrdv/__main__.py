@@ -13,6 +13,7 @@ COMMANDS: Dict[str, str] = {
     "stat": "one rendezvous in detail: keys, pending bytes, waiters, what each process holds",
     "rm": "remove rendezvous segments",
     "gc": "reclaim what dead processes held; --unlink-orphans removes segments nobody live uses",
+    "bridge": "serve this host's rendezvous to other hosts and forward routed sends to theirs",
     "bench": "shmrdv side by side with multiprocessing, shared_memory, pyzmq and torch: Markdown table, JSON, plot",
 }
 

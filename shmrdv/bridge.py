@@ -1,0 +1,310 @@
+"""``shmrdv bridge``: the process that joins this host's rendezvous to others.
+
+It listens for other bridges and ``connect()`` clients (bridge_server), and
+forwards the envelopes that routed sends leave in the outbox (bridge_link).
+An abort travels both ways: a local abort is sent to every peer, and a
+peer's abort aborts the local rendezvous.
+"""
+import argparse
+import ipaddress
+import logging
+import signal
+import socket
+import ssl
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import auth, outbox, protocol
+from .bridge_link import Link, LinkSettings, new_origin
+from .bridge_server import Inbound
+from .dedupe import Origins
+from .errors import Aborted, InvalidArgument, RendezvousError, RendezvousTimeout
+from .protocol import ProtocolError
+from .rendezvous import Rendezvous
+
+log = logging.getLogger("shmrdv.bridge")
+
+MAX_HELD = 4096  # envelopes taken from the outbox and not yet acknowledged, over all links
+_POLL_S = 0.2  # how often the dispatcher looks up from the outbox to check for a stop
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Bridge:
+    """One host's bridge: ``start()``, then ``stop()`` (or ``serve_forever``)."""
+
+    def __init__(self, rdv: Rendezvous, listen: Tuple[str, int], token: bytes = b"",
+                 tls: Optional[ssl.SSLContext] = None, tls_ca: Optional[str] = None,
+                 routes: Optional[Dict[str, str]] = None, settings: Optional[LinkSettings] = None,
+                 drain_timeout: float = 10.0) -> None:
+        host, _port = listen
+        if not token and not is_loopback(host):
+            raise InvalidArgument(f"refusing to listen on {host}, which is not loopback, without a token")
+        self.rdv = rdv
+        self._listen = listen
+        self._token = token
+        self._tls = tls
+        self._tls_ca = tls_ca
+        self._settings = settings or LinkSettings()
+        self._drain_timeout = drain_timeout
+        self._origin = new_origin()
+        self._origins = Origins(rdv)
+        self._links: Dict[Tuple[str, bytes, Optional[str]], Link] = {}
+        self._inbound: List[Inbound] = []
+        self._lock = threading.Lock()
+        self._held = threading.BoundedSemaphore(MAX_HELD)
+        self._stop = threading.Event()
+        self._aborted = threading.Event()
+        self._threads: List[threading.Thread] = []
+        self._sock: Optional[socket.socket] = None
+        self._extra_routes = dict(routes or {})
+        self.address: Tuple[str, int] = listen
+
+    # ---- lifecycle ---------------------------------------------------------
+
+    def start(self) -> "Bridge":
+        host, port = self._listen
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(64)
+        self._sock = sock
+        self.address = sock.getsockname()[:2]
+        for url in sorted(set(self._extra_routes.values())):
+            self._link(url, self._token, None)
+        for target, name in ((self._accept_loop, "accept"), (self._dispatch_loop, "dispatch")):
+            t = threading.Thread(target=target, name=f"shmrdv-bridge-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        log.info("bridge for rendezvous %r listening on %s:%d%s", self.rdv.name, self.address[0], self.address[1],
+                 " (TLS)" if self._tls else "")
+        return self
+
+    def stop(self) -> None:
+        """Stop serving. Envelopes already taken from the outbox are given
+        up to drain_timeout to be acknowledged; the rest go back to the
+        outbox, for the next bridge."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+        for t in self._threads:
+            t.join(timeout=5)
+        deadline = time.monotonic() + self._drain_timeout
+        with self._lock:
+            links = list(self._links.values())
+        while any(link.pending() for link in links) and time.monotonic() < deadline and not self._aborted.is_set():
+            time.sleep(0.02)
+        for link in links:
+            left = link.take_unacked()
+            if left:
+                log.warning("putting %d unacknowledged message(s) for %s back into the outbox", len(left), link.url)
+            for out in left:
+                try:
+                    self.rdv.send(outbox.OUTBOX_KEY, out.view, timeout=self._drain_timeout)
+                except RendezvousError as exc:
+                    log.error("could not put a message for %s back: %s", link.url, exc)
+                out.view = None
+            link.stop()
+        with self._lock:
+            inbound = list(self._inbound)
+        for conn in inbound:
+            conn.close()
+        log.info("bridge for rendezvous %r stopped", self.rdv.name)
+
+    def wait(self) -> None:
+        while not self._stop.wait(1.0):
+            pass
+
+    # ---- inbound -----------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        assert self._sock is not None
+        while not self._stop.is_set():
+            try:
+                conn, addr = self._sock.accept()
+            except OSError:
+                if self._stop.is_set():
+                    return
+                time.sleep(0.05)  # e.g. out of file descriptors: back off, keep serving
+                continue
+            peer = f"{addr[0]}:{addr[1]}"
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve_one, args=(conn, peer), name=f"shmrdv-peer-{peer}", daemon=True).start()
+
+    def _serve_one(self, conn: socket.socket, peer: str) -> None:
+        if self._tls is not None:
+            try:
+                conn.settimeout(10)
+                conn = self._tls.wrap_socket(conn, server_side=True)
+            except (OSError, ssl.SSLError) as exc:
+                log.warning("dropped %s: TLS handshake failed: %s", peer, exc)
+                conn.close()
+                return
+        handler = Inbound(conn, peer, self.rdv, self._origins, self._token, self._peer_abort, self.rdv.capacity)
+        with self._lock:
+            self._inbound.append(handler)
+        try:
+            handler.serve()
+        finally:
+            with self._lock:
+                self._inbound.remove(handler)
+
+    # ---- outbound ----------------------------------------------------------
+
+    def _dispatch_loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._held.acquire(timeout=_POLL_S):
+                continue
+            try:
+                view = self.rdv.recv(outbox.OUTBOX_KEY, timeout=_POLL_S)
+            except RendezvousTimeout:
+                self._held.release()
+                continue
+            except Aborted as exc:
+                self._held.release()
+                self._local_abort(exc.reason)
+                return
+            except RendezvousError as exc:
+                self._held.release()
+                if self._stop.is_set():
+                    return
+                log.error("outbox: %s", exc)
+                time.sleep(_POLL_S)
+                continue
+            try:
+                env = outbox.read(view)
+            except ProtocolError as exc:
+                self._held.release()
+                log.error("dropped a damaged outbox entry: %s", exc)
+                continue
+            link = self._link(env.url, env.token, env.tls_ca)
+            if env.key == outbox.ANNOUNCE_KEY:
+                del view
+                self._held.release()
+            else:
+                link.submit(env, view)
+
+    def _link(self, url: str, token: bytes, tls_ca: Optional[str]) -> Link:
+        key = (url, token, tls_ca or self._tls_ca)
+        with self._lock:
+            link = self._links.get(key)
+            if link is None:
+                link = self._links[key] = Link(url, token, key[2], self._origin, self._settings,
+                                               self._peer_abort, self._fatal, self._release_held)
+            return link
+
+    def _release_held(self, n: int) -> None:
+        for _ in range(n):
+            self._held.release()
+
+    # ---- abort, both ways --------------------------------------------------
+
+    def _peer_abort(self, reason: str) -> None:
+        try:
+            self.rdv.abort(reason)
+        except RendezvousError as exc:
+            log.error("could not abort the local rendezvous: %s", exc)
+        self._local_abort(reason)
+
+    def _fatal(self, reason: str) -> None:
+        log.error("%s: aborting the rendezvous", reason)
+        self._peer_abort(reason)
+
+    def _local_abort(self, reason: str) -> None:
+        """The local rendezvous is aborted: say so to every peer, once."""
+        with self._lock:
+            if self._aborted.is_set():
+                return
+            self._aborted.set()
+            inbound = list(self._inbound)
+        log.warning("rendezvous %r aborted: %s", self.rdv.name, reason)
+        for conn in inbound:
+            conn.abort(reason)
+        with self._lock:
+            links = list(self._links.values())
+        for link in links:
+            link.send_abort(reason)
+
+
+
+# ---- the command ---------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", required=True, help="the rendezvous to serve (created if absent)")
+    p.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to accept bridges and clients on (port 0: any)")
+    p.add_argument("--size", type=int, default=None, help="arena bytes when creating the rendezvous")
+    p.add_argument("--token-file", help="file holding the shared token (surrounding whitespace ignored); required off loopback")
+    p.add_argument("--tls-cert", help="PEM certificate: serve TLS")
+    p.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    p.add_argument("--tls-ca", help="CA bundle to verify tls:// bridges this one forwards to (default: system)")
+    p.add_argument("--route", action="append", default=[], metavar="PREFIX=URL",
+                   help="a remote task and its bridge; told about aborts (sends carry their own routes)")
+    p.add_argument("--deadline", type=float, default=300.0, help="seconds a message may wait for an unreachable bridge before the rendezvous is aborted (0: forever)")
+    p.add_argument("--drain-timeout", type=float, default=10.0, help="seconds to wait for acknowledgements when stopping")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level, format="%(asctime)s shmrdv-bridge %(levelname)s %(message)s")
+    try:
+        host, port = protocol.split_host_port(args.listen, allow_any_port=True)
+        token = auth.read_token_file(args.token_file) if args.token_file else b""
+        routes = {}
+        for item in args.route:
+            prefix, sep, url = item.partition("=")
+            if not sep:
+                raise InvalidArgument(f"--route must be PREFIX=URL: {item!r}")
+            protocol.parse_url(url)
+            routes[prefix] = url
+        tls = None
+        if args.tls_cert or args.tls_key:
+            if not (args.tls_cert and args.tls_key):
+                raise InvalidArgument("--tls-cert and --tls-key go together")
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.load_cert_chain(args.tls_cert, args.tls_key)
+        if not token and not is_loopback(host):
+            raise InvalidArgument(f"refusing to listen on {host}, which is not loopback, without --token-file")
+    except (ValueError, OSError, ssl.SSLError) as exc:
+        log.error("%s", exc)
+        return 2
+    rdv = Rendezvous(args.name, size=args.size)
+    settings = LinkSettings(deadline=args.deadline or None)
+    bridge = Bridge(rdv, (host, port), token, tls, args.tls_ca, routes, settings, args.drain_timeout)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("got %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        bridge.start()
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", host, port, exc)
+        rdv.close()
+        return 1
+    print(f"listening {bridge.address[0]}:{bridge.address[1]}", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        bridge.stop()
+        rdv.close()
+    return 0

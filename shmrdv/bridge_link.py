@@ -1,0 +1,361 @@
+"""The sending half of a bridge: one link per remote bridge URL.
+
+Envelopes taken from the outbox get consecutive sequence numbers and are
+written to the remote bridge straight from shared memory (``sendmsg`` over
+the envelope's payload view: the one copy is the kernel's). Large payloads
+go out in chunks, round-robin with every other message in flight, so a
+small message never waits behind a huge one; two messages under the same
+key never overlap, so they arrive in the order they were sent.
+
+A message is held (its envelope view kept) until the remote bridge says it
+committed it. When the link fails, the link reconnects with exponential
+backoff and resends whatever the remote bridge's dedupe window (sent in
+WELCOME) does not already hold: each message arrives exactly once.
+"""
+import collections
+import logging
+import os
+import socket
+import ssl
+import struct
+import threading
+import time
+from typing import Any, Callable, Deque, Dict, List, Optional, Set
+
+from . import auth, protocol
+from .outbox import Envelope
+from .protocol import Ack, ConnectionLost, Frame, ProtocolError, Role
+
+log = logging.getLogger("shmrdv.bridge")
+
+
+class LinkSettings:
+    """Timeouts and retries of a link (and of ``connect()`` clients)."""
+
+    def __init__(self, connect_timeout: float = 5.0, backoff_initial: float = 0.05, backoff_max: float = 5.0,
+                 deadline: Optional[float] = 300.0) -> None:
+        self.connect_timeout = connect_timeout
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.deadline = deadline  # seconds a message may wait for an unreachable bridge; None: forever
+
+
+def new_origin() -> int:
+    return struct.unpack("<Q", os.urandom(8))[0] | 1
+
+
+def open_socket(url: str, token: bytes, role: Role, origin: int, settings: LinkSettings,
+                tls_ca: Optional[str]) -> "tuple[socket.socket, protocol.Reader, int, int, int]":
+    """Connect and authenticate; returns (socket, reader, capacity, base, bits).
+    ConnectionLost when the bridge cannot be reached, AuthenticationError when
+    the tokens differ."""
+    scheme, host, port = protocol.parse_url(url)
+    try:
+        sock = socket.create_connection((host, port), timeout=settings.connect_timeout)
+    except OSError as exc:
+        raise ConnectionLost(f"cannot reach bridge {url}: {exc}") from exc
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if scheme == "tls":
+            ctx = ssl.create_default_context(cafile=tls_ca)
+            try:
+                sock = ctx.wrap_socket(sock, server_hostname=host)
+            except (ssl.SSLError, ssl.CertificateError) as exc:
+                raise protocol.AuthenticationError(f"TLS handshake with {url} failed: {exc}") from exc
+            except OSError as exc:
+                raise ConnectionLost(f"TLS handshake with {url} failed: {exc}") from exc
+        reader = protocol.Reader(sock)
+        capacity, server_nonce = protocol.parse_hello(reader.expect(Frame.HELLO))
+        client_nonce = auth.nonce()
+        proof = auth.client_proof(token, server_nonce, client_nonce, origin)
+        protocol.send_all(sock, [protocol.auth(role, origin, client_nonce, proof)])
+        server_proof, base, bits = protocol.parse_welcome(reader.expect(Frame.WELCOME))
+        if not auth.matches(auth.server_proof(token, server_nonce, client_nonce), server_proof):
+            raise protocol.AuthenticationError(f"bridge {url} does not hold our token")
+        sock.settimeout(None)
+        return sock, reader, capacity, base, bits
+    except BaseException:
+        sock.close()
+        raise
+
+
+class Outgoing:
+    """One envelope on its way: the view that keeps its block alive, and
+    how much of it the current connection has written."""
+
+    __slots__ = ("seq", "key", "meta", "payload", "view", "offset", "meta_sent", "since", "writing", "retry", "retries", "not_before")
+
+    def __init__(self, env: Envelope, view: Any) -> None:
+        self.seq = 0
+        self.key = env.key
+        self.payload = env.payload
+        self.view = view
+        self.meta = b""
+        self.meta_sent = False
+        self.offset = 0
+        self.since = time.monotonic()
+        self.writing = False  # the link thread is writing a piece of it, outside the lock
+        self.retry = False  # the remote turned it away (Ack.RETRY): send it again once written out
+        self.retries = 0
+        self.not_before = 0.0
+
+    def prepare(self, env: Envelope) -> None:
+        self.meta = protocol.encode_meta(Frame.MSG, self.seq, env.key, env.dtype_code, env.shape, self.payload.nbytes)
+
+
+class Link:
+    """Everything bound for one remote bridge."""
+
+    def __init__(self, url: str, token: bytes, tls_ca: Optional[str], origin: int, settings: LinkSettings,
+                 on_abort: Callable[[str], None], on_fatal: Callable[[str], None], release: Callable[[int], None]) -> None:
+        self.url, self._token, self._ca = url, token, tls_ca
+        self._origin, self._settings = origin, settings
+        self._on_abort, self._on_fatal, self._release = on_abort, on_fatal, release
+        self._cond = threading.Condition()
+        self._next_seq = 1
+        self._unacked: Dict[int, Outgoing] = {}  # every message not yet acknowledged
+        self._queue: Deque[Outgoing] = collections.deque()  # not yet begun on this connection
+        self._active: Deque[Outgoing] = collections.deque()  # begun, payload still going out
+        self._busy_keys: Set[bytes] = set()
+        self._key_waiters: Dict[bytes, Deque[Outgoing]] = {}
+        self._acked_base = 0  # every seq <= this is acknowledged
+        self._acked_bits = 0
+        self._sock: Optional[socket.socket] = None
+        self._stopping = False
+        self.connected = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"shmrdv-link-{url}", daemon=True)
+        self._thread.start()
+
+    # ---- the dispatcher's side --------------------------------------------------
+
+    def submit(self, env: Envelope, view: Any) -> None:
+        out = Outgoing(env, view)
+        with self._cond:
+            out.seq = self._next_seq
+            self._next_seq += 1
+            out.prepare(env)
+            self._unacked[out.seq] = out
+            self._queue.append(out)
+            self._cond.notify_all()
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._unacked)
+
+    def take_unacked(self) -> List[Outgoing]:
+        """Stop and hand back what was never acknowledged, oldest first."""
+        with self._cond:
+            self._stopping = True
+            left = [self._unacked[s] for s in sorted(self._unacked)]
+            self._unacked.clear()
+            self._queue.clear()
+            self._active.clear()
+            self._cond.notify_all()
+        self._drop_socket()
+        return left
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._drop_socket()
+        self._thread.join(timeout=5)
+
+    def send_abort(self, reason: str) -> None:
+        """Tell the remote bridge, on the open connection or a short-lived one."""
+        sock = self._sock
+        try:
+            if sock is not None:
+                protocol.send_all(sock, [protocol.abort(reason)])
+                return
+            quick = LinkSettings(connect_timeout=2.0)
+            s, *_ = open_socket(self.url, self._token, Role.LINK, protocol_origin_for_abort(), quick, self._ca)
+            with s:
+                protocol.send_all(s, [protocol.abort(reason)])
+        except (ConnectionLost, ProtocolError, protocol.AuthenticationError) as exc:
+            log.warning("could not tell %s about the abort: %s", self.url, exc)
+
+    # ---- the link thread -------------------------------------------------------
+
+    def _run(self) -> None:
+        delay = self._settings.backoff_initial
+        down_since: Optional[float] = None
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return
+            try:
+                sock, reader, _cap, base, bits = open_socket(self.url, self._token, Role.LINK, self._origin, self._settings, self._ca)
+            except protocol.AuthenticationError as exc:
+                self._on_fatal(f"bridge link to {self.url}: {exc}")
+                return
+            except (ConnectionLost, ProtocolError) as exc:
+                now = time.monotonic()
+                if down_since is None:
+                    down_since = now
+                    log.warning("link to %s is down: %s", self.url, exc)
+                if self._overdue(now):
+                    self._on_fatal(f"bridge {self.url} unreachable for {now - down_since:.0f} s: {exc}")
+                    return
+                with self._cond:
+                    self._cond.wait(delay)
+                delay = min(2 * delay, self._settings.backoff_max)
+                continue
+            log.info("link to %s is up", self.url)
+            down_since = None
+            delay = self._settings.backoff_initial
+            self._serve(sock, reader, base, bits)
+
+    def _overdue(self, now: float) -> bool:
+        deadline = self._settings.deadline
+        if deadline is None:
+            return False
+        with self._cond:
+            oldest = min((o.since for o in self._unacked.values()), default=now)
+        return now - oldest > deadline
+
+    def _serve(self, sock: socket.socket, reader: protocol.Reader, base: int, bits: int) -> None:
+        with self._cond:
+            self._sock = sock
+            # What the remote committed before (WELCOME): done. The rest goes
+            # out again from scratch, in order.
+            for seq in [s for s in self._unacked if protocol.window_has(base, bits, s)]:
+                self._done(seq)
+            self._queue = collections.deque(self._unacked[s] for s in sorted(self._unacked))
+            for out in self._queue:
+                out.meta_sent, out.offset, out.retry, out.writing = False, 0, False, False
+            self._active.clear()
+            self._busy_keys.clear()
+            self._key_waiters.clear()
+            self._broken = False
+        self.connected.set()
+        acks = threading.Thread(target=self._read_acks, args=(reader,), name=f"shmrdv-acks-{self.url}", daemon=True)
+        acks.start()
+        try:
+            self._write(sock)
+        except ConnectionLost as exc:
+            if not self._stopping:
+                log.warning("link to %s lost: %s", self.url, exc)
+        finally:
+            self.connected.clear()
+            self._drop_socket()
+            acks.join()
+
+    def _write(self, sock: socket.socket) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._stopping or self._broken:
+                        raise ConnectionLost("link closed")
+                    wait = self._admit()
+                    if self._active:
+                        break
+                    self._cond.wait(wait)
+                out = self._active.popleft()
+                out.writing = True
+            parts: List[Any] = []
+            if not out.meta_sent:
+                parts.append(out.meta)
+                out.meta_sent = True
+            n = min(protocol.CHUNK, out.payload.nbytes - out.offset)
+            if n:
+                parts += [protocol.header(Frame.DATA, n, out.seq), out.payload[out.offset : out.offset + n]]
+                out.offset += n
+            protocol.send_all(sock, parts)
+            with self._cond:
+                out.writing = False
+                if out.offset < out.payload.nbytes:
+                    self._active.append(out)
+                    continue
+                waiting = self._key_waiters.get(out.key)
+                if waiting:
+                    self._active.append(waiting.popleft())
+                else:
+                    self._key_waiters.pop(out.key, None)
+                    self._busy_keys.discard(out.key)
+                if out.retry:
+                    self._requeue(out)
+
+    def _admit(self) -> Optional[float]:
+        """Move queued messages into the active set while the window allows;
+        a message whose key is already going out waits behind it. Returns
+        how long to wait for a message that must not go yet (None: no such)."""
+        while self._queue and self._queue[0].seq - self._acked_base <= protocol.WINDOW:
+            delay = self._queue[0].not_before - time.monotonic()
+            if delay > 0:
+                return delay
+            out = self._queue.popleft()
+            if out.key in self._busy_keys:
+                self._key_waiters.setdefault(out.key, collections.deque()).append(out)
+            else:
+                self._busy_keys.add(out.key)
+                self._active.append(out)
+        return None
+
+    def _requeue(self, out: Outgoing) -> None:
+        """Send a message the remote turned away again, from the start and in
+        sequence order, after a backoff (10 ms doubling to 0.5 s)."""
+        out.retry, out.meta_sent, out.offset = False, False, 0
+        out.retries += 1
+        out.not_before = time.monotonic() + min(0.01 * 2 ** (out.retries - 1), 0.5)
+        i = 0
+        while i < len(self._queue) and self._queue[i].seq < out.seq:
+            i += 1
+        self._queue.insert(i, out)
+        self._cond.notify_all()
+
+    def _read_acks(self, reader: protocol.Reader) -> None:
+        try:
+            while True:
+                kind, length, stream = reader.header()
+                body = reader.body(length)
+                if kind is Frame.ACK:
+                    status, reason = protocol.parse_ack(body)
+                    if status is Ack.REFUSED:
+                        log.error("bridge %s refused message %d for good: %s", self.url, stream, reason)
+                    with self._cond:
+                        out = self._unacked.get(stream)
+                        if out is None:
+                            continue
+                        if status is Ack.RETRY:
+                            # Resent once fully written out (the remote is
+                            # discarding its DATA until then).
+                            out.retry = True
+                            if not out.writing and out.meta_sent and out.offset == out.payload.nbytes and out not in self._active:
+                                self._requeue(out)
+                            continue
+                        self._done(stream)
+                        self._cond.notify_all()
+                elif kind is Frame.ABORT:
+                    self._on_abort(protocol.parse_text(body))
+                else:
+                    raise ProtocolError(f"unexpected {kind.name} frame from bridge {self.url}")
+        except (ConnectionLost, ProtocolError) as exc:
+            if not isinstance(exc, ConnectionLost):
+                log.warning("link to %s: %s", self.url, exc)
+        finally:
+            with self._cond:
+                self._broken = True
+                self._cond.notify_all()
+            self._drop_socket()
+
+    def _done(self, seq: int) -> None:
+        out = self._unacked.pop(seq)
+        out.view = None  # frees the envelope's block
+        self._release(1)
+        self._acked_base, self._acked_bits = protocol.window_add(self._acked_base, self._acked_bits, seq) \
+            if seq > self._acked_base else (self._acked_base, self._acked_bits)
+
+    def _drop_socket(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+
+def protocol_origin_for_abort() -> int:
+    return new_origin()

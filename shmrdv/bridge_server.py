@@ -1,0 +1,333 @@
+"""The receiving half of a bridge: one thread per accepted connection.
+
+A connection authenticates, then streams messages in: each MSG reserves its
+block in the local arena at once (``alloc``) and its DATA frames are read
+straight into that block, so a payload crosses from the socket into shared
+memory with one copy. A completed message is committed together with its
+sender's dedupe window and acknowledged. ``connect()`` clients may also take
+messages out (RECV); a message handed out is held until the client
+acknowledges it, and goes back under its key if the connection drops first.
+"""
+import logging
+import socket
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import auth, protocol
+from .dedupe import Origin, Origins
+from .errors import Aborted, InvalidArgument, InvalidType, MessageTooLarge, RendezvousError, RendezvousTimeout
+from .protocol import Ack, ConnectionLost, Frame, ProtocolError, RecvError, Role
+from .rendezvous import Rendezvous
+
+log = logging.getLogger("shmrdv.bridge")
+
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+class _Incoming:
+    """A message being received: its reserved block and how much has arrived."""
+
+    __slots__ = ("seq", "alloc", "buf", "filled", "nbytes", "skip")
+
+    def __init__(self, seq: int, alloc: Any, buf: Optional[memoryview], nbytes: int, skip: bool) -> None:
+        self.seq, self.alloc, self.buf, self.nbytes, self.skip = seq, alloc, buf, nbytes, skip
+        self.filled = 0
+
+
+class Inbound:
+    """One accepted connection, served on its own thread until it closes."""
+
+    def __init__(self, sock: socket.socket, peer: str, rdv: Rendezvous, origins: Origins, token: bytes,
+                 on_abort: Callable[[str], None], max_message: int) -> None:
+        self.sock, self.peer, self.rdv = sock, peer, rdv
+        self._origins, self._token, self._on_abort = origins, token, on_abort
+        self._max_message = max_message
+        self._send_lock = threading.Lock()
+        self._incoming: Dict[int, _Incoming] = {}
+        self._retry_keys: Dict[str, int] = {}  # key -> the message of it that was turned away
+        # RECV request -> (key, view), until the client acks; guarded by _out_lock
+        self._handed_out: Dict[int, Tuple[str, np.ndarray]] = {}
+        self._out_lock = threading.Lock()
+        self._waiting: Dict[int, Future] = {}  # type: ignore[type-arg]
+        self._origin: Optional[Origin] = None
+        self._closed = threading.Event()
+
+    # ---- running -----------------------------------------------------------
+
+    def serve(self) -> None:
+        try:
+            self._handshake()
+            self._loop()
+        except ConnectionLost as exc:
+            log.info("connection from %s closed: %s", self.peer, exc)
+        except (ProtocolError, protocol.AuthenticationError) as exc:
+            log.warning("dropped %s: %s", self.peer, exc)
+        except Exception:  # a bug must not take the bridge down: drop this peer only
+            log.exception("dropped %s after an unexpected error", self.peer)
+        finally:
+            self._cleanup()
+
+    def send(self, data: bytes, *more: Any) -> None:
+        with self._send_lock:
+            protocol.send_all(self.sock, [data, *more])
+
+    def abort(self, reason: str) -> None:
+        try:
+            self.send(protocol.abort(reason))
+        except ConnectionLost:
+            pass
+
+    def close(self) -> None:
+        self._closed.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    # ---- handshake ---------------------------------------------------------
+
+    def _handshake(self) -> None:
+        self.sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        reader = self._reader = protocol.Reader(self.sock)
+        server_nonce = auth.nonce()
+        self.send(protocol.hello(self._max_message, server_nonce))
+        role, origin, client_nonce, proof = protocol.parse_auth(reader.expect(Frame.AUTH))
+        if not auth.matches(auth.client_proof(self._token, server_nonce, client_nonce, origin), proof):
+            try:
+                self.send(protocol.frame(Frame.REFUSED, b"authentication failed: wrong token"))
+            except ConnectionLost:
+                pass
+            raise protocol.AuthenticationError("authentication failed: wrong token")
+        o = self._origin = self._origins.acquire(origin)
+        self.role = role
+        self.send(protocol.welcome(auth.server_proof(self._token, server_nonce, client_nonce), o.base, o.bits))
+        self.sock.settimeout(None)
+        log.info("%s connected as %s (origin %016x)", self.peer, role.name.lower(), origin)
+
+    # ---- frames ------------------------------------------------------------
+
+    def _loop(self) -> None:
+        reader = self._reader
+        while True:
+            kind, length, stream = reader.header()
+            if kind is Frame.DATA:
+                self._data(stream, length)
+            elif kind is Frame.MSG:
+                self._begin(stream, reader.body(length))
+            elif kind is Frame.ABORT:
+                reason = protocol.parse_text(reader.body(length))
+                log.warning("%s aborts the rendezvous: %s", self.peer, reason)
+                self._on_abort(reason)
+            elif kind is Frame.RECV and self.role is Role.CLIENT:
+                key, timeout_ns = protocol.parse_recv(reader.body(length))
+                self._start_recv(stream, key, timeout_ns)
+            elif kind is Frame.ACK and self.role is Role.CLIENT:
+                protocol.parse_ack(reader.body(length))
+                with self._out_lock:
+                    self._handed_out.pop(stream, None)  # the client has it: free the block
+            elif kind is Frame.CANCEL and self.role is Role.CLIENT:
+                reader.body(length)
+                fut = self._waiting.get(stream)
+                if fut is not None:
+                    fut.cancel()
+            else:
+                raise ProtocolError(f"unexpected {kind.name} frame from a {self.role.name.lower()}")
+
+    def _begin(self, seq: int, body: bytes) -> None:
+        meta = protocol.parse_meta(body, self._max_message)
+        if seq in self._incoming:
+            raise ProtocolError(f"message {seq} begun twice")
+        if len(self._incoming) >= protocol.WINDOW:
+            raise ProtocolError(f"more than {protocol.WINDOW} messages in flight")
+        o = self._origin
+        assert o is not None
+        with o.lock:
+            duplicate = o.has(seq)
+            if not duplicate:
+                o.after(seq)  # ProtocolError if seq is outside the window
+        if duplicate:
+            self._incoming[seq] = _Incoming(seq, None, None, meta.nbytes, True)
+            self.send(protocol.ack(seq, Ack.DUPLICATE))
+        elif self._retry_keys.get(meta.key, seq) != seq:
+            self._retry(seq, meta)  # an earlier message of this key must go first
+        else:
+            # Wait for room only when no message of this connection is half
+            # received: those hold arena space that only their DATA, queued
+            # behind this frame, can turn into messages a receiver can free.
+            partial = any(not inc.skip for inc in self._incoming.values())
+            try:
+                alloc = self.rdv.alloc(meta.key, meta.shape, meta.dtype, timeout=0 if partial else None)
+                arr = alloc.__enter__()
+            except RendezvousTimeout:
+                self._retry(seq, meta)
+            except (InvalidArgument, InvalidType, MessageTooLarge, Aborted) as exc:
+                # Can never be delivered: tell the sender, and count it as
+                # done so it is not sent again.
+                log.warning("%s: refused message for %r: %s", self.peer, meta.key, exc)
+                self._settle(seq, None)
+                self._incoming[seq] = _Incoming(seq, None, None, meta.nbytes, True)
+                self.send(protocol.ack(seq, Ack.REFUSED, f"{type(exc).__name__}: {exc}"))
+            else:
+                if self._retry_keys.get(meta.key) == seq:
+                    del self._retry_keys[meta.key]
+                buf = memoryview(arr.reshape(-1).view(np.uint8)) if meta.nbytes else None  # type: ignore[arg-type]
+                self._incoming[seq] = _Incoming(seq, alloc, buf, meta.nbytes, False)
+        if meta.nbytes == 0:
+            self._finish(self._incoming.pop(seq))
+
+    def _retry(self, seq: int, meta: protocol.Meta) -> None:
+        """Turn a message away for now; later messages of its key too, until
+        it comes back, so the key's order holds."""
+        if len(self._retry_keys) >= 4 * protocol.WINDOW and meta.key not in self._retry_keys:
+            raise ProtocolError("too many keys waiting for a retry")
+        self._retry_keys.setdefault(meta.key, seq)
+        self._incoming[seq] = _Incoming(seq, None, None, meta.nbytes, True)
+        self.send(protocol.ack(seq, Ack.RETRY))
+
+    def _data(self, seq: int, length: int) -> None:
+        inc = self._incoming.get(seq)
+        if inc is None:
+            raise ProtocolError(f"DATA for message {seq}, which is not open")
+        if length == 0 or inc.filled + length > inc.nbytes:
+            raise ProtocolError(f"DATA of {length} bytes overruns message {seq} ({inc.filled} of {inc.nbytes} arrived)")
+        if inc.skip:
+            self._reader.skip(length)
+        else:
+            assert inc.buf is not None
+            self._reader.read_into(inc.buf[inc.filled : inc.filled + length])
+        inc.filled += length
+        if inc.filled == inc.nbytes:
+            self._finish(self._incoming.pop(seq))
+
+    def _finish(self, inc: _Incoming) -> None:
+        if inc.skip:
+            return
+        inc.buf = None
+        self._settle(inc.seq, inc.alloc)
+        self.send(protocol.ack(inc.seq, Ack.COMMITTED))
+
+    def _settle(self, seq: int, alloc: Any) -> None:
+        """Record seq in the origin's window: with the commit of alloc, or
+        alone for a message refused for good."""
+        o = self._origin
+        assert o is not None
+        with o.lock:
+            mark = o.mark(seq)
+            if alloc is None:
+                self.rdv.set_mark(*mark)
+            else:
+                alloc.publish(mark)
+            o.base, o.bits = mark[2], mark[3]
+
+    # ---- RECV for connect() clients -------------------------------------------
+
+    def _start_recv(self, request: int, key: str, timeout_ns: int) -> None:
+        if request in self._waiting or request in self._handed_out:
+            raise ProtocolError(f"request {request} is already open")
+        if len(self._waiting) + len(self._handed_out) >= protocol.WINDOW:
+            raise ProtocolError(f"more than {protocol.WINDOW} receives open")
+        if timeout_ns == 0:
+            try:
+                view = self.rdv.try_recv(key)
+            except RendezvousError as exc:
+                self._recv_failed(request, exc)
+                return
+            if view is None:
+                self.send(protocol.error(request, RecvError.EMPTY, "nothing queued"))
+            else:
+                self._hand_out(request, key, view)
+            return
+        fut = self.rdv.recv_async(key)
+        self._waiting[request] = fut
+        timer = None
+        if timeout_ns > 0:
+            timer = threading.Timer(timeout_ns / 1e9, fut.cancel)
+            timer.daemon = True
+            timer.start()
+
+        def done(f: "Future[np.ndarray]") -> None:
+            if timer is not None:
+                timer.cancel()
+            self._waiting.pop(request, None)
+            if f.cancelled():
+                if self._closed.is_set():
+                    return
+                code = RecvError.TIMEOUT if timeout_ns > 0 else RecvError.FAILED
+                self._send_quietly(protocol.error(request, code, "timed out" if timeout_ns > 0 else "cancelled"))
+                return
+            exc = f.exception()
+            if exc is not None:
+                self._recv_failed(request, exc)
+                return
+            self._hand_out(request, key, f.result())
+
+        fut.add_done_callback(done)
+
+    def _recv_failed(self, request: int, exc: BaseException) -> None:
+        if isinstance(exc, Aborted):
+            code = RecvError.ABORTED
+        elif isinstance(exc, RendezvousTimeout):
+            code = RecvError.TIMEOUT
+        elif isinstance(exc, (InvalidArgument, InvalidType)):
+            code = RecvError.INVALID
+        else:
+            code = RecvError.FAILED
+        self._send_quietly(protocol.error(request, code, str(exc)))
+
+    def _hand_out(self, request: int, key: str, view: np.ndarray) -> None:
+        with self._out_lock:
+            if self._closed.is_set():  # too late to send: leave it queued
+                self._put_back(key, view)
+                return
+            self._handed_out[request] = (key, view)
+        code = view.dtype.str.encode("ascii")
+        meta = protocol.encode_meta(Frame.ITEM, request, b"", code, view.shape, view.nbytes)
+        parts: List[Any] = [meta]
+        payload = memoryview(view.reshape(-1).view(np.uint8)) if view.nbytes else memoryview(b"")  # type: ignore[arg-type]
+        for off in range(0, view.nbytes, protocol.CHUNK):
+            chunk = payload[off : off + protocol.CHUNK]
+            parts += [protocol.header(Frame.DATA, chunk.nbytes, request), chunk]
+        try:
+            with self._send_lock:
+                protocol.send_all(self.sock, parts)
+        except ConnectionLost:
+            pass  # the cleanup puts it back
+
+    def _put_back(self, key: str, view: np.ndarray) -> None:
+        try:
+            self.rdv.send(key, view)  # a copy: rare, and better than losing it
+            log.warning("%s: connection lost before a message for %r was acknowledged; put back under its key", self.peer, key)
+        except RendezvousError as exc:
+            log.error("%s: could not put back a message for %r: %s", self.peer, key, exc)
+
+    def _send_quietly(self, data: bytes) -> None:
+        try:
+            self.send(data)
+        except ConnectionLost:
+            pass
+
+    # ---- teardown ------------------------------------------------------------
+
+    def _cleanup(self) -> None:
+        self._closed.set()
+        for inc in self._incoming.values():
+            if inc.alloc is not None:
+                inc.buf = None
+                inc.alloc.__exit__(ConnectionLost, None, None)  # frees the half-received block
+        self._incoming.clear()
+        for fut in list(self._waiting.values()):
+            fut.cancel()
+        with self._out_lock:
+            unacked, self._handed_out = list(self._handed_out.values()), {}
+        for key, view in unacked:
+            self._put_back(key, view)
+        if self._origin is not None:
+            self._origins.release(self._origin)
+            self._origin = None
+        try:
+            self.sock.close()
+        except OSError:
+            pass
