@@ -1,0 +1,279 @@
+"""Two rendezvous joined by two bridges over loopback: TF-keyed sends in both
+directions, many keys at once, sizes from empty to 256 MiB, a sender that
+exits at once, aborts that cross, and the connect() client."""
+import multiprocessing
+import threading
+import zlib
+
+import numpy as np
+import pytest
+
+import shmrdv
+from shmrdv.outbox import OUTBOX_KEY
+
+from .bridges import BridgeProc, write_token
+from .conftest import MiB, _new_name, _remove_segment, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+TOKEN = "correct horse battery staple"
+DEV_A = "/job:a/replica:0/task:0/device:CPU:0"
+DEV_B = "/job:b/replica:0/task:0/device:CPU:0"
+
+
+def key(src: str, dst: str, name: str, it: int = 0) -> str:
+    return shmrdv.create_key(src, 1, dst, name, (0, it))
+
+
+class Hosts:
+    """Rendezvous A and B, each with its bridge, each routing the other's job."""
+
+    def __init__(self, tmp_path, size: int = 64 * MiB, listen=("127.0.0.1:0", "127.0.0.1:0"), netns=(None, None)) -> None:
+        self.names = (_new_name(), _new_name())
+        self.token_file = write_token(tmp_path / "token", TOKEN)
+        self.size = size
+        self.bridges = []
+        self.local = []
+        for i, name in enumerate(self.names):
+            shmrdv.Rendezvous(name, size=size, create=True).close()
+            bridge = BridgeProc(name, listen[i], token_file=self.token_file, netns=netns[i], log_path=str(tmp_path / f"bridge{i}.log"))
+            self.bridges.append(bridge.start())
+        self.a = self.attach(0)
+        self.b = self.attach(1)
+
+    def attach(self, i: int) -> shmrdv.Rendezvous:
+        other = self.bridges[1 - i]
+        job = "/job:b" if i == 0 else "/job:a"
+        rdv = shmrdv.Rendezvous(self.names[i], routes={job: other.url}, token=TOKEN)
+        self.local.append(rdv)
+        return rdv
+
+    def close(self) -> None:
+        for rdv in self.local:
+            rdv.close()
+        for bridge in self.bridges:
+            bridge.kill()
+        for name in self.names:
+            _remove_segment(name)
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    h = Hosts(tmp_path)
+    yield h
+    h.close()
+
+
+def checksum(arr: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(arr).view(np.uint8).reshape(-1))
+
+
+def test_tf_keys_cross_both_ways(hosts):
+    k_ab = key(DEV_A, DEV_B, "grad")
+    k_ba = key(DEV_B, DEV_A, "weights")
+    x = np.arange(1000, dtype=np.float32).reshape(10, 100)
+    hosts.a.send(k_ab, x)
+    hosts.b.send(k_ba, x * 2)
+    got = hosts.b.recv(k_ab, timeout=30)
+    assert got.dtype == x.dtype and got.shape == x.shape and np.array_equal(got, x)
+    assert not got.flags.writeable  # an ordinary local view on the receiving host
+    assert np.array_equal(hosts.a.recv(k_ba, timeout=30), x * 2)
+    del got
+    assert hosts.a.try_recv(k_ab) is None  # it left host A's rendezvous
+
+
+def test_local_keys_stay_local(hosts):
+    local = key(DEV_A, "/job:a/replica:0/task:0/device:GPU:0", "local")
+    hosts.a.send(local, np.ones(3))
+    hosts.a.send("plain-key", np.ones(3))
+    assert np.array_equal(hosts.a.recv(local, timeout=5), np.ones(3))
+    assert np.array_equal(hosts.a.recv("plain-key", timeout=5), np.ones(3))
+    assert hosts.b.try_recv(local) is None
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 4096, 3 * MiB + 7])
+def test_sizes_and_dtypes(hosts, nbytes):
+    rng = np.random.default_rng(nbytes)
+    for dtype in ("u1", "<f8", "<c8", "?", "<M8[ns]", "<U3"):
+        dt = np.dtype(dtype)
+        n = nbytes // dt.itemsize
+        raw = rng.integers(0, 256, n * dt.itemsize, dtype=np.uint8)
+        if dt.kind == "b":
+            raw = raw & 1
+        if dt.kind == "U":
+            raw = raw.view("<u4") % 0x7F + 0x20 if n else raw
+            raw = raw.astype("<u4").view(np.uint8)
+        x = raw.view(dt)
+        k = key(DEV_A, DEV_B, f"t{dtype}{nbytes}")
+        hosts.a.send(k, x)
+        got = hosts.b.recv(k, timeout=60)
+        assert got.dtype == x.dtype and got.shape == x.shape
+        assert checksum(got) == checksum(x), dtype
+
+
+def test_256_mib_both_ways(tmp_path):
+    h = Hosts(tmp_path, size=520 * MiB)  # B sends back while it still holds the view
+    try:
+        x = np.random.default_rng(1).integers(0, 2**31, (256 * MiB) // 4, dtype=np.int32)
+        want = checksum(x)
+        h.a.send(key(DEV_A, DEV_B, "big"), x)
+        got = h.b.recv(key(DEV_A, DEV_B, "big"), timeout=120)
+        assert got.nbytes == 256 * MiB and checksum(got) == want
+        h.b.send(key(DEV_B, DEV_A, "big"), got)
+        del got
+        back = h.a.recv(key(DEV_B, DEV_A, "big"), timeout=120)
+        assert checksum(back) == want
+    finally:
+        h.close()
+
+
+def test_many_keys_concurrently_in_order(hosts):
+    """8 producer threads x 20 keys x 5 rounds, 2 MiB messages mixed with
+    small ones (more than the receiving arena holds at once), each drained by
+    its own consumer thread: every message arrives once, and each key's
+    messages in the order sent."""
+    threads_n, keys_n, rounds = 8, 20, 5
+    sizes = [16, 1024, 2 * MiB]
+    errors = []
+
+    def producer(t):
+        for m in range(rounds):
+            for k in range(keys_n):
+                n = sizes[(t + k + m) % len(sizes)]
+                hosts.a.send(key(DEV_A, DEV_B, f"k{t}-{k}"), np.full(n // 8, t * 1_000_000 + k * 1000 + m, np.int64))
+
+    def consumer(t):
+        try:
+            for m in range(rounds):
+                for k in range(keys_n):
+                    got = hosts.b.recv(key(DEV_A, DEV_B, f"k{t}-{k}"), timeout=60)
+                    assert (got == t * 1_000_000 + k * 1000 + m).all(), (t, k, m, got[:1])
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=f, args=(t,)) for t in range(threads_n) for f in (producer, consumer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[0]
+    assert not any(t.is_alive() for t in threads)
+    assert hosts.b.stats().pending_messages == 0
+    wait_for(lambda: hosts.a.stats().pending_messages == 0, "every envelope to be acknowledged")
+
+
+def _send_and_exit(name, routes, k):
+    rdv = shmrdv.Rendezvous(name, routes=routes, token=TOKEN)
+    rdv.send(k, np.arange(100_000, dtype=np.int64))
+    # exits at once: no close, no waiting for the bridge
+
+
+def test_sender_exits_right_after_send(hosts):
+    k = key(DEV_A, DEV_B, "fire-and-forget")
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=_send_and_exit, args=(hosts.names[0], {"/job:b": hosts.bridges[1].url}, k))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    assert np.array_equal(hosts.b.recv(k, timeout=30), np.arange(100_000, dtype=np.int64))
+
+
+def test_alloc_on_a_routed_key(hosts):
+    k = key(DEV_A, DEV_B, "alloc")
+    with hosts.a.alloc(k, (4, 5), np.float32) as buf:
+        buf[:] = 7
+    assert np.array_equal(hosts.b.recv(k, timeout=30), np.full((4, 5), 7, np.float32))
+
+
+def test_abort_crosses_both_ways(tmp_path):
+    for first in (0, 1):
+        h = Hosts(tmp_path)
+        try:
+            src, dst = (h.a, h.b) if first == 0 else (h.b, h.a)
+            waiter = dst.recv_async("never-sent")
+            src.abort(f"step failed on host {first}")
+            with pytest.raises(shmrdv.Aborted, match=f"step failed on host {first}"):
+                waiter.result(timeout=30)
+            wait_for(lambda: dst.stats().aborted, "the abort to cross")
+        finally:
+            h.close()
+
+
+def test_messages_wait_in_the_outbox_until_the_bridge_comes(tmp_path):
+    """No bridge on the sending host yet: the message is queued there, and is
+    delivered once a bridge starts."""
+    h = Hosts(tmp_path)
+    try:
+        h.bridges[0].stop()
+        k = key(DEV_A, DEV_B, "late")
+        h.a.send(k, np.arange(10))
+        assert h.a.stats().pending_messages == 1
+        assert h.b.try_recv(k) is None
+        h.bridges[0].start()
+        assert np.array_equal(h.b.recv(k, timeout=30), np.arange(10))
+        wait_for(lambda: h.a.stats().pending_messages == 0, "the envelope to be freed")
+    finally:
+        h.close()
+
+
+# ---- connect() ------------------------------------------------------------------
+
+
+def test_connect_send_recv(hosts):
+    remote = shmrdv.connect(hosts.bridges[1].url, token=TOKEN)
+    try:
+        x = np.arange(3 * MiB // 8, dtype=np.float64)
+        remote.send("plain", x)
+        assert np.array_equal(hosts.b.recv("plain", timeout=10), x)
+        hosts.b.send("back", x[:10])
+        got = remote.recv("back", timeout=10)
+        assert got.flags.writeable and np.array_equal(got, x[:10])
+        assert remote.try_recv("back") is None
+        fut = remote.recv_async("later")
+        hosts.b.send("later", np.int8(5))
+        assert fut.result(timeout=10) == 5
+        with pytest.raises(shmrdv.RendezvousTimeout):
+            remote.recv("nothing", timeout=0.2)
+        withdrawn = remote.recv_async("withdrawn")  # cancelled before or after the bridge waits: both withdraw it
+        assert withdrawn.cancel() and withdrawn.cancelled()
+        hosts.b.send("withdrawn", np.int8(9))  # stays queued for the next receiver
+        assert remote.recv("withdrawn", timeout=10) == 9
+    finally:
+        remote.close()
+
+
+def test_connect_wrong_token_fails_at_once(hosts):
+    with pytest.raises(shmrdv.AuthenticationError):
+        shmrdv.connect(hosts.bridges[1].url, token="wrong")
+    with pytest.raises(shmrdv.AuthenticationError):
+        shmrdv.connect(hosts.bridges[1].url)
+    assert issubclass(shmrdv.AuthenticationError, shmrdv.RendezvousError)
+    # and the bridge still serves everyone else
+    with shmrdv.connect(hosts.bridges[1].url, token=TOKEN.encode()) as remote:
+        remote.send("ok", np.ones(1))
+    assert hosts.b.recv("ok", timeout=10)[0] == 1
+
+
+def test_connect_abort_reaches_both_hosts(hosts):
+    with shmrdv.connect(hosts.bridges[1].url, token=TOKEN) as remote:
+        pending = remote.recv_async("x")
+        remote.abort("client gave up")
+        with pytest.raises(shmrdv.Aborted, match="client gave up"):
+            pending.result(timeout=30)
+    wait_for(lambda: hosts.b.stats().aborted, "host B to abort")
+    wait_for(lambda: hosts.a.stats().aborted, "host A to abort")
+
+
+def test_bridge_refuses_non_loopback_without_token(rdv_name):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "shmrdv", "bridge", "--name", rdv_name, "--listen", "0.0.0.0:0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "without --token-file" in out.stderr
+
+
+def test_outbox_key_is_not_a_tf_key():
+    with pytest.raises(ValueError):
+        shmrdv.parse_key(OUTBOX_KEY)

@@ -1,0 +1,201 @@
+"""Who gets in, and what a hostile or broken peer can do: wrong tokens, TLS,
+and malformed, truncated and oversized frames (hypothesis), none of which
+may crash the bridge, corrupt its segment or disturb other peers."""
+import shutil
+import socket
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shmrdv
+from shmrdv import auth, protocol
+from shmrdv.protocol import Frame
+
+from .bridges import BridgeProc, write_token
+from .conftest import MiB, _new_name, _remove_segment
+from .test_bridge import DEV_A, DEV_B, TOKEN, key
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """One rendezvous and its bridge (with a token) for the whole module."""
+    tmp = tmp_path_factory.mktemp("bridge")
+    name = _new_name()
+    rdv = shmrdv.Rendezvous(name, size=16 * MiB, create=True)
+    bridge = BridgeProc(name, token_file=write_token(tmp / "token", TOKEN), log_path=str(tmp / "bridge.log")).start()
+    yield rdv, bridge
+    bridge.kill()
+    rdv.close()
+    _remove_segment(name)
+
+
+def raw_session(bridge: BridgeProc, token: bytes = TOKEN.encode(), origin: int = 7):
+    """An authenticated raw socket, for speaking the protocol by hand."""
+    sock = socket.create_connection((bridge.host, bridge.port), timeout=10)
+    reader = protocol.Reader(sock)
+    _cap, server_nonce = protocol.parse_hello(reader.expect(Frame.HELLO))
+    nonce = auth.nonce()
+    sock.sendall(protocol.auth(protocol.Role.CLIENT, origin, nonce, auth.client_proof(token, server_nonce, nonce, origin)))
+    reader.expect(Frame.WELCOME)
+    return sock, reader
+
+
+def still_serving(rdv: shmrdv.Rendezvous, bridge: BridgeProc) -> None:
+    assert bridge.proc.poll() is None, bridge.logs()
+    with shmrdv.connect(bridge.url, token=TOKEN) as remote:
+        remote.send("health", np.arange(5))
+    assert np.array_equal(rdv.recv("health", timeout=10), np.arange(5))
+    st_ = rdv.stats()
+    assert not st_.aborted and st_.bytes_used <= st_.capacity
+
+
+def test_wrong_token_is_refused_and_logged(served):
+    rdv, bridge = served
+    with pytest.raises(shmrdv.AuthenticationError):
+        shmrdv.connect(bridge.url, token="not the token")
+    sock = socket.create_connection((bridge.host, bridge.port), timeout=10)
+    with sock:
+        reader = protocol.Reader(sock)
+        _cap, server_nonce = protocol.parse_hello(reader.expect(Frame.HELLO))
+        sock.sendall(protocol.auth(protocol.Role.LINK, 5, auth.nonce(), b"\0" * 32))
+        with pytest.raises(shmrdv.AuthenticationError, match="wrong token"):
+            reader.expect(Frame.WELCOME)
+    still_serving(rdv, bridge)
+    assert "authentication failed" in bridge.logs()
+
+
+def test_the_token_never_crosses_the_wire(served):
+    """Every byte a client and the bridge exchange, recorded: the token is in none."""
+    rdv, bridge = served
+    sock, reader = raw_session(bridge)
+    with sock:
+        recorded = bytearray()
+        hdr = protocol.encode_meta(Frame.MSG, 1, b"rec", b"<i8", (2,), 16)
+        body = np.arange(2).tobytes()
+        out = hdr + protocol.header(Frame.DATA, 16, 1) + body
+        recorded += out
+        sock.sendall(out)
+        kind, length, _ = reader.header()
+        recorded += reader.body(length)
+        assert kind is Frame.ACK
+    assert TOKEN.encode() not in recorded
+    rdv.recv("rec", timeout=5)
+
+
+_FRAME_KINDS = st.integers(0, 20)
+
+
+@st.composite
+def hostile_frames(draw):
+    """A mix of valid-looking and broken frames, maybe cut short."""
+    parts = []
+    for _ in range(draw(st.integers(1, 4))):
+        choice = draw(st.integers(0, 5))
+        seq = draw(st.integers(0, 200))
+        if choice == 0:  # random header, random body
+            body = draw(st.binary(max_size=64))
+            parts.append(struct.pack("<BBHIQ", draw(_FRAME_KINDS), draw(st.integers(0, 3)), draw(st.integers(0, 3)),
+                                     draw(st.one_of(st.just(len(body)), st.integers(0, 2**32 - 1))), seq) + body)
+        elif choice == 1:  # a MSG with hostile metadata
+            ndim = draw(st.integers(0, 40))
+            shape = draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=ndim, max_size=ndim))
+            k = draw(st.binary(min_size=0, max_size=20))
+            dt = draw(st.sampled_from([b"<f4", b"|O", b"", b"V8", b"<f4\xff", b"x" * 30, b"<U0"]))
+            nbytes = draw(st.one_of(st.integers(0, 64), st.integers(0, 2**64 - 1)))
+            body = struct.pack("<QHBB", nbytes, len(k), len(dt) % 256, ndim % 256) + struct.pack(f"<{ndim}q", *shape) + k + dt
+            parts.append(protocol.frame(Frame.MSG, body, seq))
+        elif choice == 2:  # a sane MSG whose DATA overruns or never comes
+            n = draw(st.integers(1, 64))
+            parts.append(protocol.encode_meta(Frame.MSG, seq, b"fuzz", b"|u1", (n,), n))
+            extra = draw(st.integers(-n, 64))
+            data = b"\x01" * max(0, n + extra)
+            if data:
+                parts.append(protocol.header(Frame.DATA, len(data), seq) + data)
+        elif choice == 3:  # oversized bodies
+            parts.append(struct.pack("<BBHIQ", draw(st.sampled_from([2, 5, 6, 9])), 0, 0,
+                                     draw(st.sampled_from([protocol.MAX_BODY + 1, protocol.MAX_CHUNK + 1, 2**32 - 1])), seq))
+        elif choice == 4:  # a RECV, ACK or CANCEL of anything
+            parts.append(protocol.frame(draw(st.sampled_from([Frame.RECV, Frame.ACK, Frame.CANCEL])), draw(st.binary(max_size=20)), seq))
+        else:  # bytes that are no frame at all
+            parts.append(draw(st.binary(min_size=1, max_size=40)))
+    data = b"".join(parts)
+    cut = draw(st.one_of(st.none(), st.integers(0, max(0, len(data) - 1))))
+    return data if cut is None else data[:cut]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=hostile_frames(), authenticated=st.booleans())
+def test_hostile_frames_never_hurt_the_bridge(served, data, authenticated):
+    rdv, bridge = served
+    if authenticated:
+        sock, _ = raw_session(bridge, origin=99)
+    else:
+        sock = socket.create_connection((bridge.host, bridge.port), timeout=10)
+    with sock:
+        try:
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(5)
+            while sock.recv(65536):  # the bridge answers or hangs up; either is fine
+                pass
+        except OSError:
+            pass
+    assert bridge.proc.poll() is None, bridge.logs()
+    while rdv.try_recv("fuzz") is not None:  # a frame sequence may be a valid message
+        pass
+
+
+def test_after_the_fuzz_everything_still_works(served):
+    rdv, bridge = served
+    still_serving(rdv, bridge)
+    assert rdv.stats().pending_messages == 0
+    rdv.collect_garbage()
+
+
+def _openssl_cert(tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("the TLS test makes its certificate with the openssl command, which is missing")
+    cert, keyfile = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(keyfile), "-out", str(cert), "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True, timeout=60)
+    return str(cert), str(keyfile)
+
+
+def test_tls_round_trip(tmp_path):
+    cert, keyfile = _openssl_cert(tmp_path)
+    token_file = write_token(tmp_path / "token", TOKEN)
+    names = (_new_name(), _new_name())
+    bridges = []
+    try:
+        for name in names:
+            shmrdv.Rendezvous(name, size=16 * MiB, create=True).close()
+            bridges.append(BridgeProc(name, token_file=token_file, extra=["--tls-cert", cert, "--tls-key", keyfile],
+                                      log_path=str(tmp_path / f"{name}.log")).start())
+        url_b = f"tls://127.0.0.1:{bridges[1].port}"
+        with shmrdv.Rendezvous(names[0], routes={"/job:b": url_b}, token=TOKEN, tls_ca=cert) as a, \
+                shmrdv.Rendezvous(names[1]) as b:
+            x = np.random.default_rng(0).random(3 * MiB // 8)
+            a.send(key(DEV_A, DEV_B, "secret"), x)
+            assert np.array_equal(b.recv(key(DEV_A, DEV_B, "secret"), timeout=30), x)
+            with shmrdv.connect(url_b, token=TOKEN, tls_ca=cert) as remote:
+                remote.send("plain", x[:100])
+                assert np.array_equal(b.recv("plain", timeout=10), x[:100])
+                b.send("back", x[:7])
+                assert np.array_equal(remote.recv("back", timeout=10), x[:7])
+            with pytest.raises(shmrdv.AuthenticationError):  # a CA that did not sign it
+                shmrdv.connect(url_b, token=TOKEN)
+            with pytest.raises((shmrdv.ConnectionLost, shmrdv.ProtocolError)):  # plain TCP to a TLS bridge
+                shmrdv.connect(f"tcp://127.0.0.1:{bridges[1].port}", token=TOKEN)
+            assert bridges[1].proc.poll() is None
+    finally:
+        for bridge in bridges:
+            bridge.kill()
+        for name in names:
+            _remove_segment(name)
