@@ -3,8 +3,9 @@
 Each side sends a fresh random nonce and proves it holds the token by a MAC
 over both nonces; the token itself never crosses the wire, and a recorded
 exchange cannot be replayed against a new nonce. The client's proof also
-covers its origin id, so a man in the middle cannot splice another origin's
-dedupe window onto it."""
+covers its origin id and first sequence number, so a man in the middle
+cannot splice another origin's dedupe window onto it or make the bridge
+skip messages."""
 import hashlib
 import hmac
 import os
@@ -46,8 +47,8 @@ def nonce() -> bytes:
     return os.urandom(32)
 
 
-def client_proof(token: bytes, server_nonce: bytes, client_nonce: bytes, origin: int) -> bytes:
-    msg = b"shmrdv-client\0" + server_nonce + client_nonce + struct.pack("<Q", origin)
+def client_proof(token: bytes, server_nonce: bytes, client_nonce: bytes, origin: int, first_seq: int) -> bytes:
+    msg = b"shmrdv-client\0" + server_nonce + client_nonce + struct.pack("<QQ", origin, first_seq)
     return hmac.new(token, msg, hashlib.sha256).digest()
 
 

@@ -8,17 +8,23 @@ peer's abort aborts the local rendezvous.
 import argparse
 import ipaddress
 import logging
+import os
 import signal
 import socket
 import ssl
+import sys
 import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+import numpy as np
+
 from . import auth, outbox, protocol
-from .bridge_link import Link, LinkSettings, new_origin
+from ._binding import lib
+from .bridge_link import Link, LinkSettings
 from .bridge_server import Inbound
 from .dedupe import Origins
+from .link_marks import INBOUND_MARKS, LinkMarks
 from .errors import Aborted, InvalidArgument, RendezvousError, RendezvousTimeout
 from .protocol import ProtocolError
 from .rendezvous import Rendezvous
@@ -55,8 +61,14 @@ class Bridge:
         self._tls_ca = tls_ca
         self._settings = settings or LinkSettings()
         self._drain_timeout = drain_timeout
-        self._origin = new_origin()
-        self._origins = Origins(rdv)
+        self._origins = Origins(rdv, INBOUND_MARKS)
+        self._link_marks = LinkMarks(rdv)
+        # A leased receive puts an envelope back in the outbox if this process
+        # dies before its link has it acknowledged (a core without it frees it).
+        self._lease = hasattr(lib, "rdv_recv_leased")
+        self._recovered: Dict[Tuple[str, bytes, Optional[str]], List[Tuple[outbox.Envelope, Any]]] = {}
+        self._first: Optional[Tuple[outbox.Envelope, Any]] = None
+        self.leftover: List[Any] = []  # unacknowledged envelopes still held after stop()
         self._links: Dict[Tuple[str, bytes, Optional[str]], Link] = {}
         self._inbound: List[Inbound] = []
         self._lock = threading.Lock()
@@ -79,8 +91,6 @@ class Bridge:
         sock.listen(64)
         self._sock = sock
         self.address = sock.getsockname()[:2]
-        for url in sorted(set(self._extra_routes.values())):
-            self._link(url, self._token, None)
         for target, name in ((self._accept_loop, "accept"), (self._dispatch_loop, "dispatch")):
             t = threading.Thread(target=target, name=f"shmrdv-bridge-{name}", daemon=True)
             t.start()
@@ -111,14 +121,19 @@ class Bridge:
             time.sleep(0.02)
         for link in links:
             left = link.take_unacked()
-            if left:
+            if left and self._lease:
+                # Held, leased: they go back to the head of the outbox, in
+                # order and with their numbers, when this process exits.
+                log.warning("leaving %d unacknowledged message(s) for %s to the next bridge", len(left), link.url)
+                self.leftover += left
+            elif left:
                 log.warning("putting %d unacknowledged message(s) for %s back into the outbox", len(left), link.url)
-            for out in left:
-                try:
-                    self.rdv.send(outbox.OUTBOX_KEY, out.view, timeout=self._drain_timeout)
-                except RendezvousError as exc:
-                    log.error("could not put a message for %s back: %s", link.url, exc)
-                out.view = None
+                for out in left:
+                    try:
+                        self.rdv.send(outbox.OUTBOX_KEY, np.frombuffer(outbox.unstamped(out.view), np.uint8), timeout=self._drain_timeout)
+                    except RendezvousError as exc:
+                        log.error("could not put a message for %s back: %s", link.url, exc)
+                    out.view = None
             link.stop()
         with self._lock:
             inbound = list(self._inbound)
@@ -166,12 +181,67 @@ class Bridge:
 
     # ---- outbound ----------------------------------------------------------
 
-    def _dispatch_loop(self) -> None:
+    def _take(self, timeout: float) -> Any:
+        if self._lease:
+            return self.rdv.recv(outbox.OUTBOX_KEY, timeout=timeout, lease=True)  # type: ignore[call-arg]
+        return self.rdv.recv(outbox.OUTBOX_KEY, timeout=timeout)
+
+    def _recover(self) -> None:
+        """Envelopes a dead bridge had numbered came back to the head of the
+        outbox (leased receives): gather them, so that each link starts with
+        them, under their old numbers, before it numbers anything new."""
         while not self._stop.is_set():
             if not self._held.acquire(timeout=_POLL_S):
                 continue
             try:
-                view = self.rdv.recv(outbox.OUTBOX_KEY, timeout=_POLL_S)
+                view = self._take(0)
+            except RendezvousError:
+                self._held.release()
+                break
+            env = self._read(view)
+            if env is None:
+                continue
+            if env.seq == 0:
+                self._first = (env, view)  # the first new one: numbered after the links exist
+                break
+            key = (env.url, env.token, env.tls_ca or self._tls_ca)
+            self._recovered.setdefault(key, []).append((env, view))
+        count = sum(len(v) for v in self._recovered.values())
+        if count:
+            log.warning("resending %d message(s) a previous bridge had not had acknowledged", count)
+        for url in sorted(set(self._extra_routes.values())):
+            self._link(url, self._token, None)
+
+    def _read(self, view: Any) -> Optional[outbox.Envelope]:
+        try:
+            return outbox.read(view)
+        except ProtocolError as exc:
+            self._held.release()
+            log.error("dropped a damaged outbox entry: %s", exc)
+            return None
+
+    def _dispatch(self, env: outbox.Envelope, view: Any) -> None:
+        link = self._link(env.url, env.token, env.tls_ca)
+        if env.key == outbox.ANNOUNCE_KEY:
+            self._held.release()
+        elif env.seq and env.origin == link.origin:
+            # Numbered by a bridge that died after the recovery above.
+            link.submit_recovered(env, view)
+        else:
+            if env.seq:
+                log.warning("an envelope numbered for an unknown link to %s is sent under a new number", env.url)
+            link.submit(env, view)
+
+    def _dispatch_loop(self) -> None:
+        self._recover()
+        if self._first is not None:
+            self._dispatch(*self._first)
+            self._first = None
+        while not self._stop.is_set():
+            if not self._held.acquire(timeout=_POLL_S):
+                continue
+            try:
+                view = self._take(_POLL_S)
             except RendezvousTimeout:
                 self._held.release()
                 continue
@@ -186,26 +256,19 @@ class Bridge:
                 log.error("outbox: %s", exc)
                 time.sleep(_POLL_S)
                 continue
-            try:
-                env = outbox.read(view)
-            except ProtocolError as exc:
-                self._held.release()
-                log.error("dropped a damaged outbox entry: %s", exc)
-                continue
-            link = self._link(env.url, env.token, env.tls_ca)
-            if env.key == outbox.ANNOUNCE_KEY:
-                del view
-                self._held.release()
-            else:
-                link.submit(env, view)
+            env = self._read(view)
+            if env is not None:
+                self._dispatch(env, view)
+            del view
 
     def _link(self, url: str, token: bytes, tls_ca: Optional[str]) -> Link:
         key = (url, token, tls_ca or self._tls_ca)
         with self._lock:
             link = self._links.get(key)
             if link is None:
-                link = self._links[key] = Link(url, token, key[2], self._origin, self._settings,
-                                               self._peer_abort, self._fatal, self._release_held)
+                link = self._links[key] = Link(url, token, key[2], self._link_marks.for_link(url, token), self._settings,
+                                               self._peer_abort, self._fatal, self._release_held,
+                                               self._recovered.pop(key, ()))
             return link
 
     def _release_held(self, n: int) -> None:
@@ -306,5 +369,11 @@ def run(args: argparse.Namespace) -> int:
             pass
     finally:
         bridge.stop()
-        rdv.close()
+    if bridge.leftover:
+        # Exit without releasing the leased envelopes still held: the next
+        # process to attach puts them back at the head of the outbox.
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(0)
+    rdv.close()
     return 0

@@ -20,9 +20,10 @@ import ssl
 import struct
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Set
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import auth, protocol
+from . import auth, outbox, protocol
+from .link_marks import LinkMark
 from .outbox import Envelope
 from .protocol import Ack, ConnectionLost, Frame, ProtocolError, Role
 
@@ -44,9 +45,10 @@ def new_origin() -> int:
     return struct.unpack("<Q", os.urandom(8))[0] | 1
 
 
-def open_socket(url: str, token: bytes, role: Role, origin: int, settings: LinkSettings,
+def open_socket(url: str, token: bytes, role: Role, origin: int, first_seq: int, settings: LinkSettings,
                 tls_ca: Optional[str]) -> "tuple[socket.socket, protocol.Reader, int, int, int]":
-    """Connect and authenticate; returns (socket, reader, capacity, base, bits).
+    """Connect and authenticate as origin, which may still send sequence
+    numbers from first_seq on; returns (socket, reader, capacity, base, bits).
     ConnectionLost when the bridge cannot be reached, AuthenticationError when
     the tokens differ."""
     scheme, host, port = protocol.parse_url(url)
@@ -68,8 +70,8 @@ def open_socket(url: str, token: bytes, role: Role, origin: int, settings: LinkS
         reader = protocol.Reader(sock)
         capacity, server_nonce = protocol.parse_hello(reader.expect(Frame.HELLO))
         client_nonce = auth.nonce()
-        proof = auth.client_proof(token, server_nonce, client_nonce, origin)
-        protocol.send_all(sock, [protocol.auth(role, origin, client_nonce, proof)])
+        proof = auth.client_proof(token, server_nonce, client_nonce, origin, first_seq)
+        protocol.send_all(sock, [protocol.auth(role, origin, first_seq, client_nonce, proof)])
         server_proof, base, bits = protocol.parse_welcome(reader.expect(Frame.WELCOME))
         if not auth.matches(auth.server_proof(token, server_nonce, client_nonce), server_proof):
             raise protocol.AuthenticationError(f"bridge {url} does not hold our token")
@@ -107,13 +109,15 @@ class Outgoing:
 class Link:
     """Everything bound for one remote bridge."""
 
-    def __init__(self, url: str, token: bytes, tls_ca: Optional[str], origin: int, settings: LinkSettings,
-                 on_abort: Callable[[str], None], on_fatal: Callable[[str], None], release: Callable[[int], None]) -> None:
+    def __init__(self, url: str, token: bytes, tls_ca: Optional[str], mark: LinkMark, settings: LinkSettings,
+                 on_abort: Callable[[str], None], on_fatal: Callable[[str], None], release: Callable[[int], None],
+                 recovered: Sequence[Tuple[Envelope, Any]] = ()) -> None:
         self.url, self._token, self._ca = url, token, tls_ca
-        self._origin, self._settings = origin, settings
+        self._mark, self._settings = mark, settings
         self._on_abort, self._on_fatal, self._release = on_abort, on_fatal, release
         self._cond = threading.Condition()
-        self._next_seq = 1
+        state = mark.load()
+        self._origin, self._next_seq = state if state is not None else (new_origin(), 1)
         self._unacked: Dict[int, Outgoing] = {}  # every message not yet acknowledged
         self._queue: Deque[Outgoing] = collections.deque()  # not yet begun on this connection
         self._active: Deque[Outgoing] = collections.deque()  # begun, payload still going out
@@ -124,20 +128,48 @@ class Link:
         self._sock: Optional[socket.socket] = None
         self._stopping = False
         self.connected = threading.Event()
+        for env, view in sorted(recovered, key=lambda item: item[0].seq):
+            self._take_recovered(env, view)
+        mark.store(self._origin, self._next_seq)
         self._thread = threading.Thread(target=self._run, name=f"shmrdv-link-{url}", daemon=True)
         self._thread.start()
 
     # ---- the dispatcher's side --------------------------------------------------
 
+    @property
+    def origin(self) -> int:
+        return self._origin
+
     def submit(self, env: Envelope, view: Any) -> None:
+        """Number a fresh envelope and queue it. The number is written into
+        the envelope before the mark moves past it, so after a crash either
+        the mark is below it or the envelope carries it (see outbox.stamp)."""
         out = Outgoing(env, view)
         with self._cond:
             out.seq = self._next_seq
             self._next_seq += 1
+            outbox.stamp(view, self._origin, out.seq)
+            self._mark.store(self._origin, self._next_seq)
             out.prepare(env)
             self._unacked[out.seq] = out
             self._queue.append(out)
             self._cond.notify_all()
+
+    def submit_recovered(self, env: Envelope, view: Any) -> None:
+        with self._cond:
+            self._take_recovered(env, view)
+            self._mark.store(self._origin, self._next_seq)
+            self._queue = collections.deque(sorted(self._queue, key=lambda o: o.seq))
+            self._cond.notify_all()
+
+    def _take_recovered(self, env: Envelope, view: Any) -> None:
+        """An envelope a dead bridge had numbered: it keeps its number."""
+        out = Outgoing(env, view)
+        out.seq = env.seq
+        out.prepare(env)
+        self._unacked[out.seq] = out
+        self._queue.append(out)
+        self._next_seq = max(self._next_seq, env.seq + 1)
 
     def pending(self) -> int:
         with self._cond:
@@ -170,7 +202,7 @@ class Link:
                 protocol.send_all(sock, [protocol.abort(reason)])
                 return
             quick = LinkSettings(connect_timeout=2.0)
-            s, *_ = open_socket(self.url, self._token, Role.LINK, protocol_origin_for_abort(), quick, self._ca)
+            s, *_ = open_socket(self.url, self._token, Role.LINK, new_origin(), 1, quick, self._ca)
             with s:
                 protocol.send_all(s, [protocol.abort(reason)])
         except (ConnectionLost, ProtocolError, protocol.AuthenticationError) as exc:
@@ -185,8 +217,10 @@ class Link:
             with self._cond:
                 if self._stopping:
                     return
+            with self._cond:
+                first_seq = min(self._unacked, default=self._next_seq)
             try:
-                sock, reader, _cap, base, bits = open_socket(self.url, self._token, Role.LINK, self._origin, self._settings, self._ca)
+                sock, reader, _cap, base, bits = open_socket(self.url, self._token, Role.LINK, self._origin, first_seq, self._settings, self._ca)
             except protocol.AuthenticationError as exc:
                 self._on_fatal(f"bridge link to {self.url}: {exc}")
                 return
@@ -220,6 +254,7 @@ class Link:
             self._sock = sock
             # What the remote committed before (WELCOME): done. The rest goes
             # out again from scratch, in order.
+            self._acked_base, self._acked_bits = base, bits
             for seq in [s for s in self._unacked if protocol.window_has(base, bits, s)]:
                 self._done(seq)
             self._queue = collections.deque(self._unacked[s] for s in sorted(self._unacked))
@@ -355,7 +390,3 @@ class Link:
             except OSError:
                 pass
             sock.close()
-
-
-def protocol_origin_for_abort() -> int:
-    return new_origin()

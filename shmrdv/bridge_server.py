@@ -94,14 +94,14 @@ class Inbound:
         reader = self._reader = protocol.Reader(self.sock)
         server_nonce = auth.nonce()
         self.send(protocol.hello(self._max_message, server_nonce))
-        role, origin, client_nonce, proof = protocol.parse_auth(reader.expect(Frame.AUTH))
-        if not auth.matches(auth.client_proof(self._token, server_nonce, client_nonce, origin), proof):
+        role, origin, first_seq, client_nonce, proof = protocol.parse_auth(reader.expect(Frame.AUTH))
+        if not auth.matches(auth.client_proof(self._token, server_nonce, client_nonce, origin, first_seq), proof):
             try:
                 self.send(protocol.frame(Frame.REFUSED, b"authentication failed: wrong token"))
             except ConnectionLost:
                 pass
             raise protocol.AuthenticationError("authentication failed: wrong token")
-        o = self._origin = self._origins.acquire(origin)
+        o = self._origin = self._origins.acquire(origin, first_seq)
         self.role = role
         self.send(protocol.welcome(auth.server_proof(self._token, server_nonce, client_nonce), o.base, o.bits))
         self.sock.settimeout(None)

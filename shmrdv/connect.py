@@ -58,7 +58,9 @@ class RemoteRendezvous:
     # ---- connections -------------------------------------------------------
 
     def _open(self) -> _Conn:
-        sock, reader, capacity, _base, _bits = open_socket(self.url, self._token, Role.CLIENT, self._origin, self._settings, self._ca)
+        with self._lock:
+            first_seq = min(self._in_flight, default=self._next)
+        sock, reader, capacity, _base, _bits = open_socket(self.url, self._token, Role.CLIENT, self._origin, first_seq, self._settings, self._ca)
         self.capacity = capacity
         return _Conn(sock, reader)
 

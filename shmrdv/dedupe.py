@@ -40,18 +40,32 @@ class Origins:
     """Mark slots by origin id. When all slots are taken, the least recently
     used origin that no connection is using gives its slot up."""
 
-    def __init__(self, rdv: Rendezvous, first: int = 0) -> None:
+    def __init__(self, rdv: Rendezvous, slots: int = MAX_MARKS) -> None:
         self._rdv = rdv
         self._lock = threading.Lock()
         self._clock = 0
-        self._slots: List[int] = list(range(first, MAX_MARKS))
+        self._slots: List[int] = list(range(slots))
         self._by_id: Dict[int, Origin] = {}
         for idx in self._slots:
             origin, base, bits = rdv.mark(idx)
             if origin:
                 self._by_id[origin] = Origin(idx, origin, base, bits)
 
-    def acquire(self, origin: int) -> Origin:
+    def acquire(self, origin: int, first_seq: int = 1) -> Origin:
+        """The origin's window, in use until release(). first_seq is the
+        lowest sequence number the sender may still send: everything below
+        counts as done (the sender had it acknowledged, maybe by a
+        window this bridge no longer has)."""
+        o = self._acquire(origin)
+        with o.lock:
+            if first_seq - 1 > o.base:
+                shift = first_seq - 1 - o.base
+                bits = o.bits >> shift if shift < 64 else 0
+                self._rdv.set_mark(o.index, origin, first_seq - 1, bits)
+                o.base, o.bits = first_seq - 1, bits
+        return o
+
+    def _acquire(self, origin: int) -> Origin:
         with self._lock:
             self._clock += 1
             o = self._by_id.get(origin)

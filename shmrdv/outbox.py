@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from ._binding import ffi
 from .errors import InvalidArgument
 from .protocol import MAX_DTYPE, MAX_KEY, MAX_NDIM, ProtocolError, check_dtype
 
@@ -27,7 +28,9 @@ routes announces each route to this host's bridge, which links to it at once
 
 _MAGIC = b"SRDO"
 _VERSION = 1
-_HEAD = struct.Struct("<4sHHHHHBBQI")
+_HEAD = struct.Struct("<4sHHHHHBBQIQQ")
+_STAMP = struct.Struct("<QQ")
+_STAMP_OFF = 28  # origin and seq, after payload_off: 0 until a bridge takes the envelope
 _ALIGN = 64
 MAX_URL = 1024
 MAX_TOKEN = 4096
@@ -44,6 +47,8 @@ class Envelope(NamedTuple):
     dtype_code: bytes
     shape: Tuple[int, ...]
     payload: memoryview
+    origin: int  # the link that numbered it, or 0 ...
+    seq: int  # ... and its sequence number there: set once a bridge has taken it
 
 
 def head(url: bytes, token: bytes, tls_ca: bytes, key: bytes, dtype_code: bytes, shape: Tuple[int, ...], nbytes: int) -> Tuple[bytes, int]:
@@ -53,7 +58,7 @@ def head(url: bytes, token: bytes, tls_ca: bytes, key: bytes, dtype_code: bytes,
     var = struct.pack(f"<{len(shape)}q", *shape) + url + token + tls_ca + key + dtype_code
     size = _HEAD.size + len(var)
     payload_off = -(-size // _ALIGN) * _ALIGN
-    fixed = _HEAD.pack(_MAGIC, _VERSION, len(url), len(token), len(tls_ca), len(key), len(dtype_code), len(shape), nbytes, payload_off)
+    fixed = _HEAD.pack(_MAGIC, _VERSION, len(url), len(token), len(tls_ca), len(key), len(dtype_code), len(shape), nbytes, payload_off, 0, 0)
     return fixed + var, payload_off
 
 
@@ -63,7 +68,7 @@ def read(view: Any) -> Envelope:
     total = mem.nbytes
     if total < _HEAD.size:
         raise ProtocolError(f"outbox entry of {total} bytes is too short")
-    magic, version, url_len, token_len, ca_len, key_len, dtype_len, ndim, nbytes, payload_off = _HEAD.unpack_from(mem)
+    magic, version, url_len, token_len, ca_len, key_len, dtype_len, ndim, nbytes, payload_off, origin, seq = _HEAD.unpack_from(mem)
     if magic != _MAGIC or version != _VERSION:
         raise ProtocolError("outbox entry has a bad magic or version")
     if url_len > MAX_URL or token_len > MAX_TOKEN or ca_len > MAX_PATH or not 0 < key_len <= MAX_KEY:
@@ -90,7 +95,25 @@ def read(view: Any) -> Envelope:
         key.decode("utf-8")
     except UnicodeDecodeError:
         raise ProtocolError("outbox entry has a non-text URL, key or CA path") from None
-    return Envelope(url_s, token, ca_s, key, code, tuple(shape), mem[payload_off:])
+    if (origin == 0) != (seq == 0):
+        raise ProtocolError("outbox entry has half a stamp")
+    return Envelope(url_s, token, ca_s, key, code, tuple(shape), mem[payload_off:], origin, seq)
+
+
+def stamp(view: Any, origin: int, seq: int) -> None:
+    """Number an envelope taken from the outbox, in place: if the bridge dies
+    before it is acknowledged and it comes back to the outbox (a leased
+    receive), the next bridge sends it under the same number, and the far
+    side recognises it if it already committed it."""
+    address = view.__array_interface__["data"][0]
+    ffi.buffer(ffi.cast("char *", address + _STAMP_OFF), _STAMP.size)[:] = _STAMP.pack(origin, seq)
+
+
+def unstamped(view: Any) -> bytes:
+    """The envelope's bytes with its stamp cleared: a copy for the outbox."""
+    data = bytearray(memoryview(view).cast("B"))
+    data[_STAMP_OFF : _STAMP_OFF + _STAMP.size] = bytes(_STAMP.size)
+    return bytes(data)
 
 
 def payload_array(buf: np.ndarray, payload_off: int, dtype: np.dtype, shape: Tuple[int, ...]) -> np.ndarray:

@@ -83,7 +83,7 @@ class AuthenticationError(RendezvousError):
 
 
 _HELLO = struct.Struct("<6sHQ32s")
-_AUTH = struct.Struct("<HBxxxxxQ32s32s")
+_AUTH = struct.Struct("<HBxxxxxQQ32s32s")
 _WELCOME = struct.Struct("<32sQQ")
 _META = struct.Struct("<QHBB")
 _ACK = struct.Struct("<B")
@@ -129,23 +129,23 @@ def parse_hello(body: bytes) -> Tuple[int, bytes]:
     return capacity, nonce
 
 
-def auth(role: Role, origin: int, nonce: bytes, proof: bytes) -> bytes:
-    return frame(Frame.AUTH, _AUTH.pack(VERSION, role, origin, nonce, proof))
+def auth(role: Role, origin: int, first_seq: int, nonce: bytes, proof: bytes) -> bytes:
+    return frame(Frame.AUTH, _AUTH.pack(VERSION, role, origin, first_seq, nonce, proof))
 
 
-def parse_auth(body: bytes) -> Tuple[Role, int, bytes, bytes]:
+def parse_auth(body: bytes) -> Tuple[Role, int, int, bytes, bytes]:
     if len(body) != _AUTH.size:
         raise ProtocolError(f"AUTH of {len(body)} bytes, expected {_AUTH.size}")
-    version, role, origin, nonce, proof = _AUTH.unpack(body)
+    version, role, origin, first_seq, nonce, proof = _AUTH.unpack(body)
     if version != VERSION:
         raise ProtocolError(f"client speaks protocol version {version}, this bridge speaks {VERSION}")
     try:
         r = Role(role)
     except ValueError:
         raise ProtocolError(f"unknown role {role}") from None
-    if origin == 0:
-        raise ProtocolError("origin id 0 is reserved")
-    return r, origin, nonce, proof
+    if origin == 0 or first_seq == 0:
+        raise ProtocolError("origin id and first sequence number 0 are reserved")
+    return r, origin, first_seq, nonce, proof
 
 
 def welcome(proof: bytes, base: int, bits: int) -> bytes:

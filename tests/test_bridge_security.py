@@ -41,7 +41,7 @@ def raw_session(bridge: BridgeProc, token: bytes = TOKEN.encode(), origin: int =
     reader = protocol.Reader(sock)
     _cap, server_nonce = protocol.parse_hello(reader.expect(Frame.HELLO))
     nonce = auth.nonce()
-    sock.sendall(protocol.auth(protocol.Role.CLIENT, origin, nonce, auth.client_proof(token, server_nonce, nonce, origin)))
+    sock.sendall(protocol.auth(protocol.Role.CLIENT, origin, 1, nonce, auth.client_proof(token, server_nonce, nonce, origin, 1)))
     reader.expect(Frame.WELCOME)
     return sock, reader
 
@@ -63,7 +63,7 @@ def test_wrong_token_is_refused_and_logged(served):
     with sock:
         reader = protocol.Reader(sock)
         _cap, server_nonce = protocol.parse_hello(reader.expect(Frame.HELLO))
-        sock.sendall(protocol.auth(protocol.Role.LINK, 5, auth.nonce(), b"\0" * 32))
+        sock.sendall(protocol.auth(protocol.Role.LINK, 5, 1, auth.nonce(), b"\0" * 32))
         with pytest.raises(shmrdv.AuthenticationError, match="wrong token"):
             reader.expect(Frame.WELCOME)
     still_serving(rdv, bridge)
