@@ -277,3 +277,19 @@ def test_bridge_refuses_non_loopback_without_token(rdv_name):
 def test_outbox_key_is_not_a_tf_key():
     with pytest.raises(ValueError):
         shmrdv.parse_key(OUTBOX_KEY)
+
+
+def test_small_messages_pass_a_huge_one(tmp_path):
+    """A 384 MiB tensor is on its way when a small one is sent on another
+    key: the small one arrives while the big one is still crossing."""
+    h = Hosts(tmp_path, size=420 * MiB)
+    try:
+        big = np.ones(384 * MiB, np.uint8)
+        h.a.send(key(DEV_A, DEV_B, "huge"), big)
+        h.a.send(key(DEV_A, DEV_B, "small"), np.arange(3))
+        assert np.array_equal(h.b.recv(key(DEV_A, DEV_B, "small"), timeout=60), np.arange(3))
+        assert h.b.try_recv(key(DEV_A, DEV_B, "huge")) is None, "the small message waited for the huge one"
+        got = h.b.recv(key(DEV_A, DEV_B, "huge"), timeout=120)
+        assert got.nbytes == big.nbytes and got[-1] == 1
+    finally:
+        h.close()
