@@ -256,6 +256,12 @@ struct rdv {
     pid_t pid;          /* the process that attached: in a forked child the handle is inert */
     uint32_t reaped;    /* dead processes this handle reclaimed, and the first pids */
     uint32_t reaped_pids[16];
+    /* Entries a thread of ours is reclaiming (1 each). The kernel byte locks
+     * belong to our open file description, which all our threads share: they
+     * keep other processes out, but neither our other threads nor a reclaim
+     * nested in one of ours (a lock waiter inside a reclaim finds a dead
+     * holder), which would take the byte lock again and drop it early. */
+    uint8_t reclaiming[RDV_MAX_PROCS];
 };
 
 /* rdv_segment.c: references on a handle's mapping. A handle struct is never

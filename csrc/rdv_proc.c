@@ -46,8 +46,33 @@ static int held_by_another(rdv_t *h, uint32_t entry) {
     return fl.l_type != F_UNLCK;
 }
 
+/* Act for entry: claim it among our threads (rdv.reclaiming), then take its
+ * byte lock. 0 on success; -EBUSY if one of our threads (maybe this one,
+ * further up the stack) or another process holds it, or it is registered. */
+static int take_entry(rdv_t *h, uint32_t entry) {
+    /* acquire, process-local: pairs with the release in give_back_entry, so
+     * what the previous thread of ours did for the entry happens before us */
+    if (rdv_exchange(&h->reclaiming[entry], 1, __ATOMIC_ACQUIRE))
+        return -EBUSY;
+    if (byte_lock(h->fd, entry, F_WRLCK) == 0)
+        return 0;
+    __atomic_store_n(&h->reclaiming[entry], 0, __ATOMIC_RELEASE); /* as in give_back_entry */
+    return -EBUSY;
+}
+
+static void give_back_entry(rdv_t *h, uint32_t entry) {
+    byte_lock(h->fd, entry, F_UNLCK);
+    /* release, process-local: our work on the entry happens before the next
+     * thread of ours that claims it */
+    __atomic_store_n(&h->reclaiming[entry], 0, __ATOMIC_RELEASE);
+}
+
 int rdv_proc_alive(rdv_t *h, uint32_t entry) {
-    return entry == h->me || held_by_another(h, entry);
+    /* relaxed, process-local: a thread of ours acting for the entry (a dead
+     * one being reclaimed) is as good as its process for lock waiters */
+    return entry == h->me ||
+           (entry < RDV_MAX_PROCS && __atomic_load_n(&h->reclaiming[entry], __ATOMIC_RELAXED)) ||
+           held_by_another(h, entry);
 }
 
 static int claim_free_entry(rdv_t *h) {
@@ -105,7 +130,7 @@ int rdv_proc_reclaim_dead(rdv_t *h, uint32_t *reclaimed) {
         if ((i == h->me && !h->acting) || READ_ONCE(p->state) == RDV_PROC_FREE ||
             held_by_another(h, i))
             continue;
-        if (byte_lock(h->fd, i, F_WRLCK) < 0)
+        if (take_entry(h, i) < 0)
             continue; /* somebody registered or is reclaiming it right now */
         /* acquire: pairs with the release of ALIVE/FREE */
         uint32_t st = smp_load_acquire(&p->state);
@@ -121,7 +146,7 @@ int rdv_proc_reclaim_dead(rdv_t *h, uint32_t *reclaimed) {
             smp_store_release(&p->state, RDV_PROC_FREE);
             n++;
         }
-        byte_lock(h->fd, i, F_UNLCK);
+        give_back_entry(h, i);
     }
     if (reclaimed)
         *reclaimed = n;
@@ -144,11 +169,11 @@ void rdv_lock_holder_check(rdv_t *h, uint32_t *klock, uint32_t holder) {
     rdv_proc_reclaim_dead(h, NULL);
     /* A lock naming a FREE entry (damage, or a holder reclaimed without its
      * locks being found) is repaired on its own, under that entry's byte lock. */
-    if (READ_ONCE(*klock) == holder && byte_lock(h->fd, entry, F_WRLCK) == 0) {
+    if (READ_ONCE(*klock) == holder && take_entry(h, entry) == 0) {
         /* acquire: pairs with the release of FREE */
         if (smp_load_acquire(&h->kprocs[entry].state) == RDV_PROC_FREE)
             reclaim_locks(h, entry);
-        byte_lock(h->fd, entry, F_UNLCK);
+        give_back_entry(h, entry);
     }
 }
 
