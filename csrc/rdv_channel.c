@@ -69,7 +69,7 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
     m->payload_off = (uint32_t)meta; /* pos, stage and owner: set by rdv_arena_alloc */
     m->ndim = (uint16_t)ndim;
     m->dtype_len = (uint8_t)dtype_len;
-    m->pad = 0;
+    m->flags = 0;
     m->sender_cpu = (uint32_t)sched_getcpu();
     memcpy(m->dtype, dtype, dtype_len);
     int64_t *dims = (int64_t *)(block + sizeof *m);
@@ -143,8 +143,9 @@ static int do_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtyp
 }
 
 /* With the slot locked and a message queued: copy its description out,
- * bounds-checking everything read from shared memory, and unlink it. */
-static int pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len,
+ * bounds-checking everything read from shared memory, and unlink it; a
+ * leased one goes back to the queue if we die holding it (rdv_lease.c). */
+static int pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len, int leased,
                struct rdv_msg_info *out) {
     uint64_t len;
     const struct rdv_msg *m = rdv_queued_msg(h, s->q_head, &len);
@@ -172,11 +173,18 @@ static int pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len,
      * needs our CPU to make progress only delays it (rdv_wait_change). */
     int same = m->sender_cpu == (uint32_t)sched_getcpu();
     WRITE_ONCE(h->same_cpu, (READ_ONCE(h->same_cpu) << 1 | same) & 0xf);
-    /* DELIVERED with us as owner before unlinking: if we die now, repair
-     * drops it from the queue and reclaiming frees it with our other views */
-    ((struct rdv_msg *)m)->stage = RDV_MSG_DELIVERED;
-    ((struct rdv_msg *)m)->owner = (uint16_t)(h->me + 1);
-    s->q_head = m->next;
+    /* Owner and flags, then DELIVERED, then unlinked, in this order against
+     * our death (whoever repairs the slot after it sees a prefix of these
+     * stores): before the stage, a QUEUED block that repair keeps; after it,
+     * a plain view that repair drops from the queue and reclaiming frees
+     * with our other views, or a leased one that repair keeps in place. */
+    struct rdv_msg *km = (struct rdv_msg *)m;
+    km->owner = (uint16_t)(h->me + 1);
+    km->flags = leased ? RDV_MSG_LEASED : 0;
+    /* release, both: order the stores above before these (see above); the
+     * slot lock's release publishes them to other processes */
+    smp_store_release(&km->stage, RDV_MSG_DELIVERED);
+    smp_store_release(&s->q_head, km->next);
     if (s->q_head == 0)
         s->q_tail = 0;
     s->count--;
@@ -194,7 +202,7 @@ static int claim_for_delivery(uint32_t *cancel) {
 }
 
 static int do_recv(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
-             uint32_t *cancel, struct rdv_msg_info *out) {
+             uint32_t *cancel, int leased, struct rdv_msg_info *out) {
     if (key_len == 0 || key_len > RDV_KEY_MAX)
         return -EINVAL;
     if (rdv_is_aborted(h))
@@ -209,7 +217,7 @@ static int do_recv(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_
     if (s->count) {
         rc = claim_for_delivery(cancel);
         if (rc == 0)
-            rc = pop(h, s, key, key_len, out);
+            rc = pop(h, s, key, key_len, leased, out);
         rdv_index_maybe_delete(h, idx);
         rdv_index_release(h, idx);
         return rc;
@@ -239,7 +247,7 @@ static int do_recv(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_
         else if (s->count) {
             rc = claim_for_delivery(cancel);
             if (rc == 0)
-                rc = pop(h, s, key, key_len, out);
+                rc = pop(h, s, key, key_len, leased, out);
         } else if (wrc == -EINTR)
             rc = -EINTR;
         else if (rdv_deadline_left(&d, &left) < 0)
@@ -355,6 +363,7 @@ static int do_stats(rdv_t *h, struct rdv_stats *out) {
     out->capacity = h->cap;
     out->max_keys = h->khdr->max_keys;
     out->aborted = rdv_is_aborted(h);
+    out->leases_dropped = READ_ONCE(h->khdr->leases_dropped); /* relaxed: a statistic */
     return 0;
 }
 
@@ -399,14 +408,24 @@ int rdv_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
                         timeout_ns));
 }
 
-int rdv_recv(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
-             uint32_t *cancel, struct rdv_msg_info *out) {
+static int recv_ref(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
+                    uint32_t *cancel, int leased, struct rdv_msg_info *out) {
     if (rdv_get(h) < 0)
         return -EBADF;
-    int rc = do_recv(h, key, key_len, timeout_ns, cancel, out);
+    int rc = do_recv(h, key, key_len, timeout_ns, cancel, leased, out);
     if (rc < 0)
         rdv_put(h); /* on success the reference passes to out->payload */
     return rc;
+}
+
+int rdv_recv(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
+             uint32_t *cancel, struct rdv_msg_info *out) {
+    return recv_ref(h, key, key_len, timeout_ns, cancel, 0, out);
+}
+
+int rdv_recv_leased(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
+                    uint32_t *cancel, struct rdv_msg_info *out) {
+    return recv_ref(h, key, key_len, timeout_ns, cancel, 1, out);
 }
 
 int rdv_release_payload(rdv_t *h, void *payload) {

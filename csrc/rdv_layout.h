@@ -18,7 +18,7 @@
 #include "shmrdv.h"
 
 #define RDV_MAGIC 0x31564452524d4853ULL /* "SHMRRDV1" little-endian */
-#define RDV_LAYOUT_VERSION 3u
+#define RDV_LAYOUT_VERSION 4u
 #define RDV_PAGE 4096u
 #define RDV_LINE 64u
 #define RDV_GRANULE 64u /* arena allocation unit and payload alignment */
@@ -88,7 +88,9 @@ struct rdv_header {
      * Allocators read them lock-free and skip over them; pinning and
      * releasing a pinned block take island_lock. */
     uint32_t island_lock;
-    uint32_t pad5;
+    /* Leased messages of dead receivers that could not go back to their key
+     * (the key index was full) and were freed instead: a statistic. */
+    uint32_t leases_dropped;
     uint64_t islands[RDV_MAX_ISLANDS];
 
     /* Producer marks (see struct rdv_mark). */
@@ -100,6 +102,8 @@ _Static_assert(offsetof(struct rdv_header, p_tail) == 2 * RDV_LINE, "line 2");
 _Static_assert(offsetof(struct rdv_header, c_head) == 3 * RDV_LINE, "line 3");
 _Static_assert(offsetof(struct rdv_header, abort_state) == 4 * RDV_LINE, "line 4");
 _Static_assert(offsetof(struct rdv_header, abort_reason) == 5 * RDV_LINE, "reason");
+_Static_assert(offsetof(struct rdv_header, leases_dropped) == 5 * RDV_LINE + RDV_REASON_MAX + 4,
+               "leases_dropped (tests read it)");
 _Static_assert(offsetof(struct rdv_header, islands) == 5 * RDV_LINE + RDV_REASON_MAX + 8, "islands");
 _Static_assert(offsetof(struct rdv_header, marks) ==
                    5 * RDV_LINE + RDV_REASON_MAX + 8 + 8 * RDV_MAX_ISLANDS, "marks");
@@ -196,18 +200,34 @@ struct rdv_msg {
     uint8_t stage;        /* RDV_MSG_*: who may hold the block (see owner) */
     uint32_t sender_cpu;  /* CPU the sender ran on: a hint for the receiver's spin */
     uint16_t owner;       /* process entry + 1 of the writer / receiver, 0 = none */
-    uint16_t pad;
+    uint16_t flags;       /* RDV_MSG_LEASED; written with stage, by the same holder */
     char dtype[RDV_DTYPE_MAX];
 };
 
 /* A block's stage, written by whoever holds it: a producer writing it
  * (owner = producer), queued on a key (owner = 0 once linked), delivered to
  * a receiver's view (owner = receiver). A dead owner's WRITING and DELIVERED
- * blocks are freed; QUEUED blocks survive their producer. */
+ * blocks are freed, except leased ones; QUEUED blocks survive their producer. */
 enum { RDV_MSG_WRITING = 1, RDV_MSG_QUEUED = 2, RDV_MSG_DELIVERED = 3 };
+
+/* flags: delivered by rdv_recv_leased. If its receiver dies holding it, the
+ * message goes back to the head of its key's queue instead of being freed
+ * (rdv_lease.c). Meaningful only while DELIVERED; cleared whenever a block
+ * goes back to QUEUED. */
+#define RDV_MSG_LEASED 1u
+
+/* Whether m is a view that entry who - 1 took with rdv_recv_leased. Read by
+ * reclaimers of that entry (holding its byte lock, or its slot lock as it):
+ * nobody else changes a dead entry's blocks, so plain reads are enough. */
+static inline int rdv_msg_leased_by(const struct rdv_msg *m, uint32_t who) {
+    return m->stage == RDV_MSG_DELIVERED && m->owner == who && (m->flags & RDV_MSG_LEASED);
+}
 
 _Static_assert(sizeof(struct rdv_msg) == RDV_LINE, "message header is one line");
 _Static_assert(offsetof(struct rdv_msg, dtype) == 40, "dtype offset");
+_Static_assert(offsetof(struct rdv_msg, stage) == 31, "message stage (tests poke it)");
+_Static_assert(offsetof(struct rdv_msg, owner) == 36, "message owner (tests poke it)");
+_Static_assert(offsetof(struct rdv_msg, flags) == 38, "message flags (tests poke them)");
 
 /* Side table entry, one per arena granule; nonzero only at the first granule
  * of a block between c_head and p_tail: length in granules, plus FREE once
@@ -289,6 +309,12 @@ int rdv_procs_impl(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t *
 void rdv_lock_holder_check(rdv_t *h, uint32_t *klock, uint32_t holder);
 uint32_t *rdv_wait_record(rdv_t *h, uint32_t slot_idx);
 void rdv_wait_unrecord(uint32_t *krecord);
+/* The next live message block at or after *pos and before end, walking the
+ * side table; *pos is left on it. */
+struct rdv_msg *rdv_next_block(rdv_t *h, uint64_t *pos, uint64_t end);
+/* Make a block QUEUED again (owner and flags cleared), in an order that a
+ * death in the middle leaves repairable: for repairs and given-back leases. */
+void rdv_msg_requeue(struct rdv_msg *m);
 
 /* rdv_index.c */
 int rdv_index_find(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, uint32_t *idx);
@@ -298,6 +324,11 @@ void rdv_index_maybe_delete(rdv_t *h, uint32_t idx);
 void rdv_slot_lock(rdv_t *h, uint32_t *klock);
 void rdv_slot_unlock(uint32_t *klock);
 void rdv_hash_key(const rdv_t *h, const char *key, uint32_t len, uint64_t *h1, uint64_t *h2);
+
+/* rdv_lease.c: give the leased views a dead entry held back to their keys
+ * (or free them: abort, full index, damage). Called by its reclaimer after its
+ * slot locks are repaired and before its remaining views are freed. */
+void rdv_lease_recover(rdv_t *h, uint32_t dead);
 
 /* rdv_channel.c: link the WRITING block at pos (checked by the caller to be
  * busy) onto its key's queue. On failure the block is left as it was, the

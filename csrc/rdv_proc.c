@@ -10,7 +10,9 @@
  *   - its waits: waiter and sleeper counts go back down;
  *   - a producer-mark change it was making: rolled back unless its commit
  *     happened (rdv_mark.c);
- *   - its blocks: views it held (DELIVERED) and blocks it was writing
+ *   - views it took with rdv_recv_leased go back to the head of their keys
+ *     (rdv_lease.c);
+ *   - its other blocks: views it held (DELIVERED) and blocks it was writing
  *     (WRITING) are freed. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -219,9 +221,8 @@ static int message_key_matches(rdv_t *h, const struct rdv_msg *m, const struct r
     return h1 == s->h1 && h2 == s->h2;
 }
 
-/* The next live message block at or after *pos and before end, walking the
- * side table (nonzero only at block starts); *pos is left on it. */
-static struct rdv_msg *next_block(rdv_t *h, uint64_t *pos, uint64_t end) {
+/* The side table is nonzero only at block starts: the walk skips the rest. */
+struct rdv_msg *rdv_next_block(rdv_t *h, uint64_t *pos, uint64_t end) {
     for (; *pos < end; *pos += RDV_GRANULE) {
         /* relaxed: a first look; rdv_block_at re-checks with acquire */
         if (!READ_ONCE(h->kside[rdv_granule_of(h, *pos)]))
@@ -234,7 +235,17 @@ static struct rdv_msg *next_block(rdv_t *h, uint64_t *pos, uint64_t end) {
     return NULL;
 }
 
-/* Append the block at granule g + 1 to a queue being rebuilt. */
+void rdv_msg_requeue(struct rdv_msg *m) {
+    /* relaxed, then release twice: the releases keep the stage store ahead
+     * of the other two against our death (a cut in program order): QUEUED
+     * first, so that whoever repairs after us still sees a block to keep
+     * (QUEUED, or leased by the dead), never a view it would free */
+    WRITE_ONCE(m->stage, RDV_MSG_QUEUED);
+    smp_store_release(&m->flags, 0);
+    smp_store_release(&m->owner, 0);
+}
+
+/* Append the block at granule g + 1 to a queue being rebuilt, as QUEUED. */
 static void rebuild_append(uint32_t g1, struct rdv_msg *m, uint32_t *head, struct rdv_msg **last,
                            uint32_t *n) {
     if (*last)
@@ -242,13 +253,16 @@ static void rebuild_append(uint32_t g1, struct rdv_msg *m, uint32_t *head, struc
     else
         *head = g1;
     *last = m;
-    m->owner = 0;
+    rdv_msg_requeue(m);
     (*n)++;
 }
 
 /* Rebuild a slot's queue after its lock holder died: keep the QUEUED
  * messages reachable from q_head, in order, then append any message the dead
- * process had marked QUEUED but not yet linked. */
+ * process had marked QUEUED but not yet linked. A block the dead leased that
+ * is still reachable (a leased pop it had not finished unlinking, or leased
+ * messages its reclaimer was putting back, see rdv_lease.c) stays where it
+ * is, queued again: what reclaiming the lease would have done. */
 static void repair_slot(rdv_t *h, uint32_t idx, uint32_t dead) {
     struct rdv_slot *s = &h->kslots[idx];
     if (s->state != RDV_SLOT_LIVE)
@@ -262,7 +276,7 @@ static void repair_slot(rdv_t *h, uint32_t idx, uint32_t dead) {
         if (!m)
             break; /* the chain is broken here */
         uint32_t next = m->next;
-        if (m->stage == RDV_MSG_QUEUED)
+        if (m->stage == RDV_MSG_QUEUED || rdv_msg_leased_by(m, dead + 1))
             rebuild_append(g, m, &head, &last, &n);
         /* else: a pop the dead process started; its block is freed as its own */
         g = next;
@@ -270,7 +284,7 @@ static void repair_slot(rdv_t *h, uint32_t idx, uint32_t dead) {
     /* Messages it was linking: QUEUED, still owned by it, keyed here. */
     uint64_t hd = smp_load_acquire(&h->khdr->c_head), t = READ_ONCE(h->khdr->p_tail);
     struct rdv_msg *m;
-    for (uint64_t pos = hd; (m = next_block(h, &pos, t)); pos += RDV_GRANULE)
+    for (uint64_t pos = hd; (m = rdv_next_block(h, &pos, t)); pos += RDV_GRANULE)
         if (m->stage == RDV_MSG_QUEUED && m->owner == dead + 1 && message_key_matches(h, m, s))
             rebuild_append((uint32_t)rdv_granule_of(h, pos) + 1, m, &head, &last, &n);
     if (last)
@@ -317,6 +331,11 @@ static void reclaim_locks(rdv_t *h, uint32_t dead) {
         if (READ_ONCE(s->lock) == who) {
             repair_slot(h, (uint32_t)i, dead);
             rdv_index_maybe_delete(h, (uint32_t)i);
+            /* The dead may have queued messages and died before waking the
+             * receivers: wake them, under the lock, so that if we die first
+             * the lock still names the dead and the next repair wakes them. */
+            if (s->state == RDV_SLOT_LIVE && s->waiters)
+                rdv_wake_all(&s->seq, &s->sleepers);
             rdv_slot_unlock(&s->lock);
         }
     }
@@ -360,11 +379,13 @@ static void reclaim_entry(rdv_t *h, uint32_t dead) {
         rdv_slot_unlock(&s->lock);
         WRITE_ONCE(p->waits[i], 0); /* relaxed: the entry is reused only after our release of FREE */
     }
-    /* 3. Its blocks: views it held, blocks it was writing (the window:
+    /* 3. Its leased views go back to their keys. */
+    rdv_lease_recover(h, dead);
+    /* 4. Its other blocks: views it held, blocks it was writing (the window:
      * acquire on the head as everywhere, the tail only bounds the walk). */
     uint64_t hd = smp_load_acquire(&khdr->c_head), t = READ_ONCE(khdr->p_tail);
     struct rdv_msg *m;
-    for (uint64_t pos = hd; (m = next_block(h, &pos, t)); pos += RDV_GRANULE)
+    for (uint64_t pos = hd; (m = rdv_next_block(h, &pos, t)); pos += RDV_GRANULE)
         if (m->owner == who && (m->stage == RDV_MSG_WRITING || m->stage == RDV_MSG_DELIVERED))
             rdv_arena_free(h, pos);
     for (int i = 0; i < RDV_MAX_ISLANDS; i++) {
@@ -412,7 +433,7 @@ int rdv_procs_impl(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t *
     /* acquire/relaxed: the ring window for the walk below, a snapshot */
     uint64_t hd = smp_load_acquire(&h->khdr->c_head), t = READ_ONCE(h->khdr->p_tail);
     const struct rdv_msg *m;
-    for (uint64_t pos = hd; (m = next_block(h, &pos, t)); pos += RDV_GRANULE) {
+    for (uint64_t pos = hd; (m = rdv_next_block(h, &pos, t)); pos += RDV_GRANULE) {
         uint64_t len;
         if (rdv_arena_check_busy(h, pos, &len) == 0)
             for (uint32_t j = 0; j < k; j++)

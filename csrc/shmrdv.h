@@ -37,6 +37,10 @@ struct rdv_stats {
     uint64_t capacity;
     uint64_t max_keys;
     uint32_t aborted;
+    /* Leased messages whose receiver died and that could not go back to
+     * their key because the key index was full: freed instead (see
+     * rdv_recv_leased). Counted since the segment was created. */
+    uint32_t leases_dropped;
 };
 
 /* Lifecycle. fd is an open POSIX shm object; the caller closes it afterwards. */
@@ -90,9 +94,20 @@ int rdv_send_commit_marked(rdv_t *h, uint64_t pos, uint32_t idx, uint64_t id, ui
  * (consumed), so a message is either delivered or left queued, never lost. */
 int rdv_recv(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
              uint32_t *cancel, struct rdv_msg_info *out);
+/* rdv_recv, but the message is leased: if this process dies while it holds
+ * the payload (before rdv_release_payload), the message goes back to the
+ * head of its key's queue, ahead of messages queued meanwhile and in the
+ * order its leased messages of that key were allocated, instead of being
+ * freed: at-least-once delivery for a forwarder that releases a message
+ * only once it has passed it on. Releasing it frees it as rdv_recv's. If the
+ * rendezvous is aborted by then, or the key can be neither found nor
+ * re-created because the key index is full, the message is freed (the
+ * latter counted in rdv_stats.leases_dropped). */
+int rdv_recv_leased(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
+                    uint32_t *cancel, struct rdv_msg_info *out);
 int rdv_cancel(rdv_t *h, const char *key, uint32_t key_len, uint32_t *cancel);
-/* Give back a payload handed out by rdv_recv: frees its block and drops the
- * reference the view held on the mapping. */
+/* Give back a payload handed out by rdv_recv or rdv_recv_leased: frees its
+ * block and drops the reference the view held on the mapping. */
 int rdv_release_payload(rdv_t *h, void *payload);
 /* Drop the reference a payload handed out by rdv_send_begin held. */
 void rdv_unref(rdv_t *h);

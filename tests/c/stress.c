@@ -14,7 +14,14 @@
  * key with rdv_send_commit_marked, each setting mark 0 to (MARK_ID, n, 0),
  * starting after the value the mark holds; the parent kills it at random
  * moments (often inside a marked commit: it is much of the loop) and starts
- * another, receiving as it goes. It must receive exactly 1..mark, in order. */
+ * another, receiving as it goes. It must receive exactly 1..mark, in order.
+ *
+ * Then leased receives under SIGKILL: a forwarder lease-receives numbered
+ * messages, reports each number down a pipe, holds the view a moment (the
+ * far side acknowledging) and releases it; the parent queues more and kills
+ * it at random, again and again. Every number must be forwarded or still
+ * queued at the end, in order, and only a number a killed forwarder held
+ * may be forwarded twice. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -39,6 +46,9 @@
 #define KILLS 200
 #define MARK_ID 0x5eed0001ULL
 #define MARKED_KEY "/job:stress/task:0;marked;0:0"
+#define LEASE_KILLS 100
+#define LEASE_BATCH 50 /* messages queued per forwarder */
+#define LEASED_KEY "/job:stress/task:0;leased;0:0"
 
 static uint64_t rng(uint64_t *s) {
     *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
@@ -223,6 +233,87 @@ static int marked_kill_loop(rdv_t *h, const char *name) {
     return failed || rc || id != MARK_ID || last != next - 1 || last < KILLS;
 }
 
+static void send_number(rdv_t *h, uint64_t n) {
+    uint64_t words[4] = {n, 3 * n + 1, n, n};
+    int64_t shape[1] = {4}, strides[1] = {8};
+    int rc = rdv_send(h, LEASED_KEY, strlen(LEASED_KEY), "<u8", 3, 1, shape, strides, words,
+                      sizeof words, TIMEOUT_NS);
+    if (rc)
+        die("send", rc);
+}
+
+static void forward(const char *name, int out) {
+    rdv_t *h = attach(name);
+    for (uint64_t seed = (uint64_t)getpid();;) { /* until killed */
+        struct rdv_msg_info info;
+        int rc = rdv_recv_leased(h, LEASED_KEY, strlen(LEASED_KEY), TIMEOUT_NS, NULL, &info);
+        if (rc)
+            die("recv_leased", rc);
+        const uint64_t *w = info.payload;
+        uint64_t n = info.nbytes == 32 && w[1] == 3 * w[0] + 1 ? w[0] : 0;
+        if (write(out, &n, 8) != 8) /* atomic: below PIPE_BUF */
+            _exit(1);
+        if (rng(&seed) & 1)
+            usleep(rng(&seed) % 300); /* the far side acknowledges */
+        rdv_release_payload(h, info.payload);
+    }
+}
+
+static int leased_kill_loop(rdv_t *h, const char *name) {
+    static uint64_t seen[LEASE_KILLS * LEASE_BATCH + 1];
+    uint64_t produced = 0, last = 0, again = 0, seed = 999;
+    int failed = 0;
+    for (int k = 0; k < LEASE_KILLS && !failed; k++) {
+        for (int i = 0; i < LEASE_BATCH; i++)
+            send_number(h, ++produced);
+        int p[2];
+        pid_t pid;
+        if (pipe(p) < 0 || (pid = fork()) < 0)
+            die("fork", -errno);
+        if (pid == 0) {
+            alarm(60); /* never hang */
+            close(p[0]);
+            forward(name, p[1]);
+        }
+        close(p[1]);
+        /* Mostly once it forwards, then at random; every fourth time at once,
+         * often while it attaches: reclaiming the one killed before. */
+        int at_once = k % 4 == 3;
+        uint64_t n;
+        ssize_t got = at_once ? 0 : read(p[0], &n, 8);
+        usleep(rng(&seed) % (at_once ? 500 : 2000));
+        kill(pid, SIGKILL);
+        int status;
+        waitpid(pid, &status, 0);
+        failed |= !WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL;
+        /* in order; each forwarder may start with the number the last one held */
+        if (at_once)
+            got = read(p[0], &n, 8);
+        for (int first = 1; got == 8; got = read(p[0], &n, 8), first = 0) {
+            failed |= n == 0 || n > produced || n < last || (n == last && !first);
+            again += seen[n]++ != 0;
+            last = n;
+        }
+        close(p[0]);
+    }
+    rdv_gc(h, NULL);
+    struct rdv_msg_info info;
+    int rc;
+    for (int first = 1; (rc = rdv_recv(h, LEASED_KEY, strlen(LEASED_KEY), 0, NULL, &info)) == 0;
+         first = 0) {
+        uint64_t n = *(const uint64_t *)info.payload;
+        rdv_release_payload(h, info.payload);
+        failed |= n == 0 || n > produced || n < last || (n == last && !first);
+        again += seen[n]++ != 0;
+        last = n;
+    }
+    for (uint64_t n = 1; n <= produced; n++)
+        failed |= seen[n] == 0; /* lost */
+    printf("stress: leased: %d kills, %llu messages, %llu forwarded again\n", LEASE_KILLS,
+           (unsigned long long)produced, (unsigned long long)again);
+    return failed || rc != -EAGAIN || again > LEASE_KILLS;
+}
+
 int main(void) {
     char name[64];
     snprintf(name, sizeof name, "/shmrdv-t-cstress-%d", getpid());
@@ -267,6 +358,7 @@ int main(void) {
            (unsigned long long)st.pending_messages, (unsigned long long)st.bytes_used);
     failed |= st.pending_messages || st.bytes_used || st.keys;
     failed |= marked_kill_loop(h, name);
+    failed |= leased_kill_loop(h, name);
     rdv_stats(h, &st);
     rdv_close(h);
     shm_unlink(name);
