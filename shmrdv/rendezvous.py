@@ -685,7 +685,7 @@ class Rendezvous:
         flat = np.frombuffer(memoryview(ffi.buffer(payload, nbytes)).toreadonly(), dtype=dtype)
         return flat if len(shape) == 1 else flat.reshape(shape)
 
-    def _recv(self, key: str, timeout: Optional[float], cancel: Any, empty_ok: bool = False) -> Optional[np.ndarray]:
+    def _recv(self, key: str, timeout: Optional[float], cancel: Any, empty_ok: bool = False, lease: bool = False) -> Optional[np.ndarray]:
         """A view; None if cancelled, or if empty_ok and nothing is queued."""
         kb = _key_cache.get(key) if type(key) is str else None
         if kb is None:
@@ -697,17 +697,18 @@ class Rendezvous:
         info = getattr(_per_thread, "info", None)
         if info is None:
             info = _per_thread.info = ffi.new("struct rdv_msg_info *")
+        recv = lib.rdv_recv_leased if lease else lib.rdv_recv
         step = _first_step(t)
-        rc = lib.rdv_recv(h, kb, len(kb), step, cancel, info)
+        rc = recv(h, kb, len(kb), step, cancel, info)
         if rc < 0 and _keep_waiting(rc, step, t):
-            rc = _blocking(lambda ns: lib.rdv_recv(h, kb, len(kb), ns, cancel, info), _left(t, step))
+            rc = _blocking(lambda ns: recv(h, kb, len(kb), ns, cancel, info), _left(t, step))
         if rc == 0:
             return self._view(info)
         if (rc == -errno.EAGAIN and empty_ok) or rc == -errno.ECANCELED:
             return None
         self._fail(rc, f"recv {key!r}")
 
-    def recv(self, key: str, *, timeout: Optional[float] = None) -> np.ndarray:
+    def recv(self, key: str, *, timeout: Optional[float] = None, lease: bool = False) -> np.ndarray:
         """Take the oldest message under ``key``, waiting for one if none is
         queued: up to ``timeout`` seconds (None: forever), then
         ``RendezvousTimeout``. A spinning-then-sleeping wait: a receiver that
@@ -715,14 +716,24 @@ class Rendezvous:
 
         Returns a read-only view into shared memory with the sent dtype and
         shape. It stays valid, its bytes untouched, while it or any view
-        derived from it is alive; its space returns to the arena after."""
-        view = self._recv(key, timeout, ffi.NULL)
+        derived from it is alive; its space returns to the arena after.
+
+        lease=True: if this process dies while the view (or anything derived
+        from it) is alive, the message goes back to the head of its key
+        instead of being freed (at-least-once forwarding). Leased messages of
+        one key come back in the order they were sent (allocated), ahead of
+        messages queued meanwhile, once the dead process is reclaimed (see
+        ``collect_garbage``). They are freed instead if the rendezvous is
+        aborted, or if the key index is full and the key was deleted. Letting
+        the view go frees the message as without a lease."""
+        view = self._recv(key, timeout, ffi.NULL, False, lease)
         assert view is not None  # only a cancelled recv_async returns None
         return view
 
-    def try_recv(self, key: str) -> Optional[np.ndarray]:
-        """Like ``recv`` but never blocks: the view, or None when nothing is queued."""
-        return self._recv(key, 0, ffi.NULL, empty_ok=True)
+    def try_recv(self, key: str, *, lease: bool = False) -> Optional[np.ndarray]:
+        """Like ``recv`` but never blocks: the view, or None when nothing is
+        queued. ``lease`` as in ``recv``."""
+        return self._recv(key, 0, ffi.NULL, True, lease)
 
     def recv_async(self, key: str) -> "Future[np.ndarray]":
         """Start a ``recv`` in the background; returns a ``concurrent.futures.Future``.
