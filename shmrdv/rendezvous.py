@@ -787,6 +787,7 @@ class Rendezvous:
             capacity=out.capacity,
             max_keys=out.max_keys,
             aborted=bool(out.aborted),
+            leases_dropped=out.leases_dropped,
         )
 
     def processes(self) -> List[ProcessInfo]:

@@ -25,6 +25,10 @@ class Stats:
     """How many keys the index holds at most."""
     aborted: bool
     """Whether the rendezvous has been aborted."""
+    leases_dropped: int = 0
+    """Leased messages (``recv(..., lease=True)``) of dead receivers that
+    could not go back to their key because the key index was full, and were
+    freed instead."""
 
 
 @dataclass(frozen=True)

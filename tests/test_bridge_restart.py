@@ -10,7 +10,7 @@ import pytest
 import shmrdv
 
 from .bridges import BridgeProc
-from .conftest import MiB
+from .conftest import MiB, wait_for
 from .test_bridge import DEV_A, DEV_B, TOKEN, Hosts, key
 
 pytestmark = pytest.mark.timeout(240)
@@ -94,3 +94,26 @@ def test_unreachable_bridge_aborts_after_the_deadline(tmp_path, rdv_name):
             rdv.close()
     finally:
         bridge.kill()
+
+
+def test_sending_bridge_killed_mid_stream(tmp_path):
+    """kill -9 on the sending host's bridge: the envelopes it had taken come
+    back to the outbox (leased receives), keep their numbers, and the next
+    bridge sends them again; the far side drops what it already had."""
+    h = Hosts(tmp_path)
+    try:
+        count = 600
+        received, errors = [], []
+        consumer = _stream(h, count, None, received, errors)
+        for i in range(count):
+            h.a.send(key(DEV_A, DEV_B, "stream"), np.full((8, 4096, 1024 * 1024 // 8, 64)[i % 4] // 8, i, np.int64))
+            if i % 150 == 75:
+                h.bridges[0].kill()
+                h.bridges[0].start()
+        consumer.join(120)
+        assert not consumer.is_alive(), f"received {len(received)} of {count}"
+        assert not errors, errors[0]
+        assert received == list(range(count)), "lost, duplicated or reordered"
+        wait_for(lambda: h.a.stats().pending_messages == 0, "host A's outbox to drain")
+    finally:
+        h.close()
