@@ -12,7 +12,17 @@
  * head. When the arena runs out of space with such a block at the head, the
  * block becomes an island: recorded in the header's island table, stepped
  * over by c_head, and skipped by allocators (which cover it with a padding
- * block that is free from birth and never written) until its view is dropped. */
+ * block that is free from birth and never written) until its view is dropped.
+ *
+ * Producers that find no room sleep on space_seq. It is bumped only by steps
+ * that can make room: a block freed, an island dropped, a block committed at
+ * the head (it may be stepped over now), a dead process's step finished. An
+ * allocation attempt itself never bumps it, though it moves the head (over
+ * its own padding, over blocks it pins): that makes no room, and a producer
+ * whose failed attempt bumped the word it is about to sleep on would never
+ * sleep. In exchange an allocator decides that there is no room only when
+ * the head is stable: another process's step on the head in flight (a
+ * reclaim, a pin, a free not yet reclaimed) is waited out or finished. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -42,8 +52,9 @@ static uint64_t island_skip(rdv_t *h, uint64_t a, uint64_t n) {
     return 0;
 }
 
-/* Move c_head past every freed block at the head of the ring. */
-static void reclaim(rdv_t *h) {
+/* Move c_head past every freed block at the head of the ring; 1 if it moved.
+ * It does not wake producers: its callers that free something do. */
+static int reclaim(rdv_t *h) {
     struct rdv_header *khdr = h->khdr;
     int moved = 0;
     for (;;) {
@@ -98,29 +109,34 @@ static void reclaim(rdv_t *h) {
          * head load, so one of us always sees the other's block. */
         smp_mb();
     }
-    if (moved)
-        rdv_wake_all(&khdr->space_seq, &khdr->space_sleepers);
+    return moved;
 }
 
-/* If the block at the head is a delivered one (a receiver holds its view),
- * make it an island and step the head over it. 1 if the head moved. */
-static int pin_head(rdv_t *h, uint64_t hd) {
+/* Wake the producers waiting for space: something was freed. Called after the
+ * free and the reclaim that follows it, so that a producer that wakes finds
+ * the head moved, or (if another process's reclaim is still in flight) waits
+ * it out in make_room. */
+static void wake_space(rdv_t *h) {
+    /* release (the bump): publishes the free and the head move to a producer
+     * whose acquire load of space_seq reads the new value; full barrier
+     * before reading space_sleepers, pairing with the waiter's (rdv_wait.c) */
+    rdv_wake_all(&h->khdr->space_seq, &h->khdr->space_sleepers);
+}
+
+/* Step the head over the finished block at hd (entry v, busy), making it an
+ * island: a message queued for a receiver that has not come (yet), or
+ * delivered to a view still held. 1 if the head moved; 0 if it cannot be
+ * (a block being written, which will be committed where it is, or a full
+ * island table); -EAGAIN if the entry or the head changed meanwhile. Blocks
+ * freed behind it are left to the caller's next look at the head. */
+static int pin_head(rdv_t *h, uint64_t hd, uint32_t v) {
     struct rdv_header *khdr = h->khdr;
-    if (hd == READ_ONCE(khdr->p_tail))
-        return 0;
     uint32_t *kent = &h->kside[rdv_granule_of(h, hd)];
-    /* acquire: pairs with the release store in rdv_arena_alloc */
-    uint32_t v = smp_load_acquire(kent);
-    if (v == 0 || (v & RDV_SIDE_FREE))
-        return 0; /* being reserved, or free (reclaim's job), or claimed */
-    /* Only a message that is complete: queued for a receiver that has not
-     * come (yet), or delivered to a view that is still held. A block still
-     * being written will be committed where it is. */
     const struct rdv_msg *m = rdv_msg_at(h, hd);
     uint8_t stage = READ_ONCE(m->stage); /* relaxed: the claim CAS below decides */
     if (m->pos != hd || (stage != RDV_MSG_QUEUED && stage != RDV_MSG_DELIVERED))
         return 0;
-    int moved = 0;
+    int rc = 0;
     rdv_slot_lock(h, &khdr->island_lock);
     for (int i = 0; i < RDV_MAX_ISLANDS; i++) {
         if (READ_ONCE(khdr->islands[i])) /* relaxed: island words change under island_lock */
@@ -132,6 +148,7 @@ static int pin_head(rdv_t *h, uint64_t hd) {
          * an allocator that sees the new head (acquire) sees the island. */
         smp_store_release(&khdr->islands[i],
                           rdv_island_word(rdv_granule_of(h, hd), RDV_SIDE_LEN(v)));
+        rc = -EAGAIN;
         /* acq_rel: claims the entry against a concurrent release (which CASes
          * it to FREE) and reclaimers; the loser sees the other's value */
         if (!rdv_cas(kent, &v, 0, __ATOMIC_ACQ_REL)) {
@@ -142,7 +159,7 @@ static int pin_head(rdv_t *h, uint64_t hd) {
         /* release: pairs with the acquire load of c_head in allocators */
         if (rdv_cas(&khdr->c_head, &want, hd + (uint64_t)RDV_SIDE_LEN(v) * RDV_GRANULE,
                     __ATOMIC_RELEASE)) {
-            moved = 1;
+            rc = 1;
         } else {
             smp_store_release(kent, v);      /* release: the entry back, as we found it */
             WRITE_ONCE(khdr->islands[i], 0); /* relaxed: the head never passed it */
@@ -150,12 +167,7 @@ static int pin_head(rdv_t *h, uint64_t hd) {
         break;
     }
     rdv_slot_unlock(&khdr->island_lock);
-    if (moved) {
-        smp_mb(); /* head move before reading the next entry, as in reclaim() */
-        reclaim(h);
-        rdv_wake_all(&khdr->space_seq, &khdr->space_sleepers);
-    }
-    return moved;
+    return rc;
 }
 
 /* A message block names its holder before it is published: a producer
@@ -217,6 +229,51 @@ static void wait_for_claim(rdv_t *h, uint32_t claim, unsigned *spins) {
         rdv_proc_reclaim_dead(h, NULL);
 }
 
+/* An allocator found no room between the tail and the head it read, hd.
+ * Make room without waiting for space_seq: step over a finished block at the
+ * head, finish a free nobody has reclaimed yet, or wait out another
+ * process's step on the head (a few stores). 1: look again. 0: the head is
+ * stable and stuck (a block being written, a full island table, an empty
+ * ring whose islands leave no room, or damage) until somebody frees,
+ * commits or unpins, each of which bumps space_seq after it: the caller may
+ * sleep on the value it read before its attempt. */
+static int make_room(rdv_t *h, uint64_t hd, unsigned *spins) {
+    struct rdv_header *khdr = h->khdr;
+    /* relaxed: compared only; a tail that moved on is seen by the next look */
+    if (hd == READ_ONCE(khdr->p_tail))
+        return 0;
+    uint32_t *kent = &h->kside[rdv_granule_of(h, hd)];
+    /* acquire: pairs with the release stores of the entry (reserve(), the
+     * FREE CAS in rdv_arena_free, a reclaimer's clear after its head move) */
+    uint32_t v = smp_load_acquire(kent);
+    /* acquire: a reclaimer clears the entry after moving the head, so an
+     * entry read as cleared comes with the head move it followed */
+    if (smp_load_acquire(&khdr->c_head) != hd)
+        return 1;
+    if (RDV_SIDE_CLAIMED(v)) {
+        wait_for_claim(h, v, spins); /* a reclaimer between its claim and its head move */
+        return 1;
+    }
+    if (v & RDV_SIDE_FREE) {
+        /* Freed (or padding), and its freer has not reclaimed it yet: do it
+         * for them. If nothing moved and nothing changed, it is damage. */
+        if (reclaim(h))
+            return 1;
+        /* acquire: as above */
+        return smp_load_acquire(kent) != v || smp_load_acquire(&khdr->c_head) != hd;
+    }
+    if (v == 0) {
+        /* A pin in flight: pin_head clears the entry, then moves the head,
+         * under island_lock. Taking the lock waits for it (and repairs the
+         * pin of a process that died holding it). */
+        rdv_slot_lock(h, &khdr->island_lock);
+        rdv_slot_unlock(&khdr->island_lock);
+        /* acquire: as above */
+        return smp_load_acquire(kent) != 0 || smp_load_acquire(&khdr->c_head) != hd;
+    }
+    return pin_head(h, hd, v) != 0; /* moved, or raced: look again */
+}
+
 int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos) {
     struct rdv_header *khdr = h->khdr;
     uint64_t n = (nbytes + RDV_GRANULE - 1) & ~(uint64_t)(RDV_GRANULE - 1);
@@ -225,15 +282,17 @@ int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos) {
     uint64_t padded = 0; /* once a whole lap is padding, islands leave no room */
     unsigned spins = 0;
     for (;;) {
-        /* relaxed: a stale tail only makes reserve() fail and retry */
-        uint64_t t = READ_ONCE(khdr->p_tail);
         /* acquire: pairs with the release CAS of c_head in reclaim()/pin_head(),
          * so islands stepped over are visible to island_skip */
         uint64_t hd = smp_load_acquire(&khdr->c_head);
+        /* relaxed: a stale tail only makes reserve() fail and retry. Read
+         * after the head, so it is never behind it (the head moves only over
+         * blocks a reclaimer saw below the tail). */
+        uint64_t t = READ_ONCE(khdr->p_tail);
         uint64_t skip = island_skip(h, t % h->cap, n);
         uint64_t take = skip ? skip : n;
         if (t - hd + take > h->cap || padded > h->cap) {
-            if (pin_head(h, hd))
+            if (make_room(h, hd, &spins))
                 continue;
             return -ENOSPC;
         }
@@ -300,12 +359,17 @@ void rdv_arena_recover_op(rdv_t *h, uint32_t dead) {
         return; /* an unknown step (damage): leave its claim alone */
     }
     /* release: as in reserve() and rdv_arena_free, whose stores these are */
-    if (rdv_cas(kent, &claim, to, __ATOMIC_RELEASE) && (to & RDV_SIDE_FREE)) {
+    if (!rdv_cas(kent, &claim, to, __ATOMIC_RELEASE))
+        return;
+    if (to & RDV_SIDE_FREE) {
         /* A free block that may be the one at the head: reclaim, as
          * rdv_arena_free does (full barrier: FREE store before head load). */
         smp_mb();
         reclaim(h);
     }
+    /* Finished or undone, the step may have made room (the dead process's
+     * free would have woken producers after it). */
+    wake_space(h);
 }
 
 /* 1 if target is the start of a block on the chain from c_head, 0 if the
@@ -355,14 +419,19 @@ int rdv_arena_check_busy(rdv_t *h, uint64_t pos, uint64_t *len) {
 }
 
 void rdv_arena_committed(rdv_t *h, uint64_t pos) {
-    /* A producer waiting for space may find it can now pin the head block
-     * (it was still being written): bump space_seq so it retries. It read
-     * space_seq (acquire) before it looked at the block, so it either saw
-     * the new stage or sees the bump. The full barrier orders our stage
-     * store (made under the slot lock) before the head load. */
+    /* A producer waiting for space may find it can now step the head over
+     * this block (it was still being written): bump space_seq so it
+     * retries, if the block is at the head or already behind it (another
+     * producer pinned it between our stage store and our look, and pinning
+     * wakes nobody). The waiter read space_seq (acquire) before it looked at
+     * the block, so it either saw the new stage or sees the bump. The full
+     * barrier orders our stage store (made under the slot lock) before the
+     * head load. */
     smp_mb();
-    if (smp_load_acquire(&h->khdr->c_head) == pos)
-        rdv_wake_all(&h->khdr->space_seq, &h->khdr->space_sleepers);
+    /* acquire/relaxed: the ring window, as everywhere (tail only compared) */
+    uint64_t hd = smp_load_acquire(&h->khdr->c_head), t = READ_ONCE(h->khdr->p_tail);
+    if (pos == hd || pos - hd >= t - hd)
+        wake_space(h);
 }
 
 int rdv_arena_owned(rdv_t *h, uint64_t pos, uint64_t *len) {
@@ -397,7 +466,7 @@ static int unpin(rdv_t *h, uint64_t pos) {
     }
     rdv_slot_unlock(&khdr->island_lock);
     if (found)
-        rdv_wake_all(&khdr->space_seq, &khdr->space_sleepers);
+        wake_space(h);
     return found;
 }
 
@@ -417,6 +486,7 @@ int rdv_arena_free(rdv_t *h, uint64_t pos) {
                  * pairs with the barrier after a reclaimer's head move */
                 smp_mb();
                 reclaim(h);
+                wake_space(h); /* even if the head did not move: see make_room */
                 return 0;
             }
         }

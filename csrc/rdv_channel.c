@@ -38,8 +38,9 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
     for (;;) {
         if (rdv_is_aborted(h))
             return -ECONNABORTED;
-        /* acquire: pairs with the bump in reclaim(); a change after our
-         * failed attempt means space was freed */
+        /* acquire: pairs with the release bump in wake_space() (rdv_arena.c)
+         * after a free; our own attempt never bumps it, so a change after
+         * our failed attempt means space may have appeared */
         uint32_t seen = smp_load_acquire(&khdr->space_seq);
         int rc = rdv_arena_alloc(h, meta + nbytes, pos);
         if (rc == 0)
