@@ -3,8 +3,11 @@
 import glob
 import multiprocessing
 import os
+import shutil
+import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,44 @@ CHILD_JOIN_TIMEOUT = 60.0
 
 def segment_path(name: str) -> str:
     return os.path.join(SHM_DIR, f"shmrdv-{name}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_sanitized(program: Path, exe: Path) -> None:
+    """Compile the C core with one of the C test programs in tests/c/ under AddressSanitizer
+    and UBSan (any finding aborts it); skip the test when there is no C compiler."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler to build the sanitized core")
+    sources = sorted(str(p) for p in (ROOT / "csrc").glob("*.c"))
+    subprocess.run(
+        [cc, "-std=gnu11", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+         "-fno-omit-frame-pointer", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'csrc'}",
+         *sources, str(program), "-o", str(exe), "-lrt"],
+        check=True, timeout=240,
+    )
+
+
+def run_c_program(exe: Path, segment_prefix: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run a program built by build_sanitized; afterwards remove the segment it names after its
+    pid (``/shmrdv-<segment_prefix>-<pid>``), in case it died before unlinking it."""
+    process = subprocess.Popen([str(exe)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    finally:
+        process.kill()
+        process.wait()
+        Path(f"{SHM_DIR}/shmrdv-{segment_prefix}-{process.pid}").unlink(missing_ok=True)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
 def wait_for(condition, what: str, timeout: float = 20.0) -> None:

@@ -1,18 +1,11 @@
 """A receiver that keeps waiting sleeps in the kernel: it uses (almost) no CPU."""
-import os
 import time
 
 import numpy as np
 import pytest
 
 from . import workers
-from .conftest import wait_for
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+from .conftest import cpu_seconds, wait_for
 
 
 @pytest.mark.timeout(60)
@@ -22,9 +15,9 @@ def test_blocked_receiver_sleeps(rdv, children):
     wait_for(lambda: rdv.stats().waiters > 0, "the child to block in recv")
     assert rdv.stats().waiters == 1
     time.sleep(0.2)  # past the bounded spin
-    before = _cpu_seconds(child.pid)
+    before = cpu_seconds(child.pid)
     time.sleep(2.0)
-    used = _cpu_seconds(child.pid) - before
+    used = cpu_seconds(child.pid) - before
     assert used < 0.2, f"a blocked receiver used {used:.2f} s of CPU in 2 s"
     assert queue.get(timeout=30) == "ready"
     rdv.send("later", np.arange(4))

@@ -145,6 +145,16 @@ def hold_then_release(name, key, count, release, queue):
     queue.put(checksum(last))
 
 
+def send_when_room(name, key, seed, nbytes, queue):
+    """Report "sending", send one message (blocking while the arena has no room for it), then
+    report the time.monotonic() at which send returned (the clock is system-wide)."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    data = payload(seed, nbytes)
+    queue.put("sending")
+    rdv.send(key, data, timeout=CHILD_TIMEOUT)
+    queue.put(time.monotonic())
+
+
 # --- zero copy ---------------------------------------------------------------------------------
 
 def send_arange(name, key, n_elements, done):
