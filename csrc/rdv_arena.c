@@ -117,6 +117,9 @@ static int reclaim(rdv_t *h) {
  * the head moved, or (if another process's reclaim is still in flight) waits
  * it out in make_room. */
 static void wake_space(rdv_t *h) {
+    /* relaxed: a hint for the waiters' spin (rdv_wait.c), read after they
+     * see the bump below; a stale value misjudges one spin, no more */
+    WRITE_ONCE(h->khdr->space_waker_cpu, (uint32_t)sched_getcpu() + 1);
     /* release (the bump): publishes the free and the head move to a producer
      * whose acquire load of space_seq reads the new value; full barrier
      * before reading space_sleepers, pairing with the waiter's (rdv_wait.c) */

@@ -73,7 +73,11 @@ struct rdv_header {
     uint64_t c_head;
     uint32_t space_seq;
     uint32_t space_sleepers;
-    uint8_t pad3[RDV_LINE - 16];
+    /* CPU + 1 that the last bump of space_seq ran on, 0 unknown: a hint for
+     * the spin of producers waiting for space (rdv_wait.c). A segment of a
+     * version that never writes it reads 0 here: spin as before. */
+    uint32_t space_waker_cpu;
+    uint8_t pad3[RDV_LINE - 20];
 
     /* line 4: abort state (RDV_RUNNING/ABORTING/ABORTED) */
     uint32_t abort_state;
@@ -100,6 +104,7 @@ struct rdv_header {
 _Static_assert(offsetof(struct rdv_header, hash_seed) == 1 * RDV_LINE, "line 1");
 _Static_assert(offsetof(struct rdv_header, p_tail) == 2 * RDV_LINE, "line 2");
 _Static_assert(offsetof(struct rdv_header, c_head) == 3 * RDV_LINE, "line 3");
+_Static_assert(offsetof(struct rdv_header, space_waker_cpu) == 3 * RDV_LINE + 16, "in line 3's old padding");
 _Static_assert(offsetof(struct rdv_header, abort_state) == 4 * RDV_LINE, "line 4");
 _Static_assert(offsetof(struct rdv_header, abort_reason) == 5 * RDV_LINE, "reason");
 _Static_assert(offsetof(struct rdv_header, leases_dropped) == 5 * RDV_LINE + RDV_REASON_MAX + 4,
@@ -261,6 +266,7 @@ struct rdv {
     uint64_t slot_mask;
     int64_t spin_ns;    /* adaptive spin budget before a futex sleep (racy hint) */
     uint32_t same_cpu;  /* recent deliveries whose sender ran on our CPU, one bit each */
+    uint32_t space_same_cpu; /* recent space wake-ups made from our CPU, one bit each */
     int64_t refs;       /* the owner's + one per call in flight + one per live payload */
     uint32_t closed;
     struct rdv *next_retired;

@@ -82,6 +82,25 @@ static int spin_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t bud
     }
 }
 
+/* Where the process that ends our waits on kword ran, lately: one bit per
+ * wait, set if on our CPU. A receiver learns it from each delivery (the
+ * sender's CPU, pop() in rdv_channel.c); a producer waiting for space from
+ * the hint beside space_seq, after each wait that a bump ended. */
+static uint32_t *same_cpu_history(rdv_t *h, const uint32_t *kword) {
+    return kword == &h->khdr->space_seq ? &h->space_same_cpu : &h->same_cpu;
+}
+
+static void note_space_waker(rdv_t *h, const uint32_t *kword) {
+    if (kword != &h->khdr->space_seq)
+        return;
+    /* relaxed: a hint, written just before the bump we saw */
+    uint32_t waker = READ_ONCE(h->khdr->space_waker_cpu);
+    if (waker == 0)
+        return;
+    int same = waker - 1 == (uint32_t)sched_getcpu();
+    WRITE_ONCE(h->space_same_cpu, (READ_ONCE(h->space_same_cpu) << 1 | same) & 0xf);
+}
+
 /* Wait until *kword differs from seen (or spuriously); 0, -ETIMEDOUT or -EINTR.
  * Callers re-check their condition either way. */
 int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t *krecord,
@@ -92,13 +111,15 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t *kr
 
     int64_t budget = READ_ONCE(h->spin_ns); /* process-local hint; races only blur it */
     int64_t spin = budget < left ? budget : left;
-    /* Most recent deliveries came from a sender on our CPU: it cannot run
-     * while we spin, so sleep at once and let it. */
-    if (__builtin_popcount(READ_ONCE(h->same_cpu)) >= 2)
+    /* Lately whoever ended our waits ran on our CPU: it cannot run while
+     * we spin, so sleep at once and let it. */
+    if (__builtin_popcount(READ_ONCE(*same_cpu_history(h, kword))) >= 2)
         spin = 0;
     int64_t t0 = rdv_now_ns();
-    if (spin_for_change(h, kword, seen, spin))
+    if (spin_for_change(h, kword, seen, spin)) {
+        note_space_waker(h, kword);
         return 0;
+    }
     if (rdv_deadline_left(d, &left) < 0)
         return -ETIMEDOUT;
 
@@ -117,6 +138,9 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t *kr
      * the kernel compares the word again atomically before sleeping */
     if (READ_ONCE(*kword) == seen && !rdv_is_aborted(h))
         rc = futex_wait(kword, seen, left);
+    /* relaxed: as the re-read above */
+    if (rc == 0 && READ_ONCE(*kword) != seen)
+        note_space_waker(h, kword);
     if (krecord)
         WRITE_ONCE(*krecord, READ_ONCE(*krecord) & ~RDV_WAIT_SLEEPING);
     /* release: we are done reading the word; a waker that still sees us
