@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -42,8 +43,13 @@ static uint64_t rng(uint64_t *s) {
     return *s;
 }
 
+static pid_t producers[PRODUCERS]; /* in the parent: killed if it fails */
+
 static void die(rdv_t *h, const char *what, int rc) {
     fprintf(stderr, "space_wait: %s failed: %d (%s)\n", what, rc, strerror(-rc));
+    for (int i = 0; i < PRODUCERS; i++)
+        if (producers[i] > 0)
+            kill(producers[i], SIGKILL); /* they wait with no timeout */
     struct rdv_stats st;
     if (h && rdv_stats(h, &st) == 0)
         fprintf(stderr, "space_wait: pending %llu, used %llu of %llu\n",
@@ -119,15 +125,17 @@ int main(void) {
     if (rdv_capacity(h) != ARENA)
         die(h, "capacity", -EINVAL);
 
-    pid_t pids[PRODUCERS];
     for (uint64_t i = 0; i < PRODUCERS; i++) {
-        if ((pids[i] = fork()) < 0)
+        pid_t pid = fork();
+        if (pid < 0)
             die(h, "fork", -errno);
-        if (pids[i] == 0) {
+        if (pid == 0) {
+            memset(producers, 0, sizeof producers); /* a producer kills none */
             alarm(120); /* never hang */
             produce(name, i);
             _exit(0);
         }
+        producers[i] = pid;
     }
     alarm(120);
     uint64_t next_seq[PRODUCERS] = {0}, seed = 0x5eed;
@@ -171,7 +179,7 @@ int main(void) {
     int failed = 0;
     for (int i = 0; i < PRODUCERS; i++) {
         int status;
-        waitpid(pids[i], &status, 0);
+        waitpid(producers[i], &status, 0);
         failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
         failed |= next_seq[i] != MESSAGES;
     }
