@@ -147,3 +147,13 @@ def two_hosts_or_skip() -> TwoHosts:
         detail = getattr(exc, "stderr", b"") or b""
         pytest.skip(f"cannot create network namespaces here: {exc} {detail.decode(errors='replace').strip()}")
     return hosts
+
+
+def run_threads(threads, timeout: float = 120.0) -> None:
+    """Start the threads and join them all; fail if any is still running."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    stuck = [t.name for t in threads if t.is_alive()]
+    assert not stuck, f"threads still running after {timeout} s: {stuck}"

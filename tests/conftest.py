@@ -3,6 +3,7 @@
 import glob
 import multiprocessing
 import os
+import signal
 import shutil
 import subprocess
 import time
@@ -68,6 +69,18 @@ def wait_for(condition, what: str, timeout: float = 20.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
+
+
+def kill_process(process) -> None:
+    """SIGKILL a multiprocessing child and check that is how it ended."""
+    os.kill(process.pid, signal.SIGKILL)
+    process.join(10)
+    assert process.exitcode == -signal.SIGKILL
+
+
+def only_me(rdv) -> bool:
+    """Whether this process is the only one attached to rdv."""
+    return [p.pid for p in rdv.processes()] == [os.getpid()]
 
 
 def _new_name() -> str:

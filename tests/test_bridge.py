@@ -11,7 +11,7 @@ import pytest
 import shmrdv
 from shmrdv.outbox import OUTBOX_KEY
 
-from .bridges import BridgeProc, write_token
+from .bridges import BridgeProc, run_threads, write_token
 from .conftest import MiB, _new_name, _remove_segment, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -151,13 +151,8 @@ def test_many_keys_concurrently_in_order(hosts):
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=f, args=(t,)) for t in range(threads_n) for f in (producer, consumer)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    run_threads([threading.Thread(target=f, args=(t,)) for t in range(threads_n) for f in (producer, consumer)])
     assert not errors, errors[0]
-    assert not any(t.is_alive() for t in threads)
     assert hosts.b.stats().pending_messages == 0
     wait_for(lambda: hosts.a.stats().pending_messages == 0, "every envelope to be acknowledged")
 

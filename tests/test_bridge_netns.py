@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 
-from .bridges import two_hosts_or_skip
+from .bridges import run_threads, two_hosts_or_skip
 from .conftest import MiB
 from .test_bridge import DEV_A, DEV_B, Hosts, key
 
@@ -77,12 +77,8 @@ def test_many_keys_concurrently_both_ways(hosts):
         threading.Thread(target=consume, args=(hosts.b, DEV_A, DEV_B)),
         threading.Thread(target=consume, args=(hosts.a, DEV_B, DEV_A)),
     ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    run_threads(threads)
     assert not errors, errors[0]
-    assert not any(t.is_alive() for t in threads)
 
 
 def test_receiving_bridge_killed_mid_stream(hosts):

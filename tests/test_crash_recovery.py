@@ -2,8 +2,6 @@
 reclamation path, one at a time. Reclaiming is what any attach does; here it is asked for
 explicitly with collect_garbage() so the tests can check its result."""
 import mmap
-import os
-import signal
 import struct
 
 import numpy as np
@@ -12,19 +10,11 @@ import pytest
 import shmrdv
 
 from . import workers
-from .conftest import segment_path, wait_for
+from .conftest import kill_process, only_me, segment_path, wait_for
 
 QUEUE_TIMEOUT = 30
 
 
-def _kill(process):
-    os.kill(process.pid, signal.SIGKILL)
-    process.join(10)
-    assert process.exitcode == -signal.SIGKILL
-
-
-def _only_me(rdv):
-    return [p.pid for p in rdv.processes()] == [os.getpid()]
 
 
 @pytest.mark.timeout(60)
@@ -36,10 +26,10 @@ def test_views_of_a_dead_receiver_are_freed(rdv, children):
     assert queue.get(timeout=QUEUE_TIMEOUT) == workers.checksum(message)
     held = [p for p in rdv.processes() if p.pid == child.pid]
     assert len(held) == 1 and held[0].views == 1 and held[0].view_bytes >= 100_000
-    _kill(child)
+    kill_process(child)
     assert rdv.stats().bytes_used >= 100_000
     assert rdv.collect_garbage() == 1
-    assert rdv.stats().bytes_used == 0 and _only_me(rdv)
+    assert rdv.stats().bytes_used == 0 and only_me(rdv)
 
 
 @pytest.mark.timeout(60)
@@ -48,7 +38,7 @@ def test_a_dead_receivers_view_of_an_empty_array_is_freed(rdv, children):
     rdv.send("k", np.zeros(0, dtype=np.float32))  # a block that is all metadata
     child = children.start(workers.hold_view_then_wait, rdv.name, "k", queue)
     queue.get(timeout=QUEUE_TIMEOUT)
-    _kill(child)
+    kill_process(child)
     assert rdv.stats().bytes_used > 0
     assert rdv.collect_garbage() == 1
     assert rdv.stats().bytes_used == 0
@@ -60,7 +50,7 @@ def test_half_written_alloc_of_a_dead_producer_is_dropped(rdv, children):
     child = children.start(workers.alloc_halfway_then_wait, rdv.name, "k", 200_000, queue)
     assert queue.get(timeout=QUEUE_TIMEOUT) == "inside"
     assert rdv.stats().bytes_used >= 200_000
-    _kill(child)
+    kill_process(child)
     assert rdv.collect_garbage() == 1
     stats = rdv.stats()
     assert stats.bytes_used == 0 and stats.pending_messages == 0
@@ -72,7 +62,7 @@ def test_a_completed_send_survives_a_killed_producer(rdv, children):
     queue = children.context.Queue()
     child = children.start(workers.send_then_wait, rdv.name, "k", 5, 300_000, queue)
     assert queue.get(timeout=QUEUE_TIMEOUT) == "sent"
-    _kill(child)
+    kill_process(child)
     rdv.collect_garbage()
     view = rdv.recv("k", timeout=5)
     assert workers.checksum(view) == workers.checksum(workers.payload(5, 300_000))
@@ -87,7 +77,7 @@ def test_a_dead_waiter_is_withdrawn(rdv, children):
     child = children.start(workers.report_entry_then_recv, rdv.name, "k", queue)
     queue.get(timeout=QUEUE_TIMEOUT)
     wait_for(lambda: rdv.stats().waiters == 1, "the child to wait")
-    _kill(child)
+    kill_process(child)
     assert rdv.collect_garbage() == 1
     stats = rdv.stats()
     assert stats.waiters == 0 and stats.keys == 0
@@ -112,7 +102,7 @@ def test_a_lock_held_by_a_dead_process_is_repaired(rdv, children):
     child = children.start(workers.report_entry_then_recv, rdv.name, "k", queue)
     entry = queue.get(timeout=QUEUE_TIMEOUT)
     wait_for(lambda: rdv.stats().waiters == 1, "the child to wait")
-    _kill(child)
+    kill_process(child)
     # As if it had died inside a critical section: its id in the key's lock word.
     path = segment_path(rdv.name)
     off = _slot_of_waited_key(path)
@@ -122,7 +112,7 @@ def test_a_lock_held_by_a_dead_process_is_repaired(rdv, children):
     rdv.send("k", np.arange(5), timeout=10)
     assert list(rdv.recv("k", timeout=5)) == [0, 1, 2, 3, 4]
     stats = rdv.stats()
-    assert stats.waiters == 0 and stats.pending_messages == 0 and _only_me(rdv)
+    assert stats.waiters == 0 and stats.pending_messages == 0 and only_me(rdv)
 
 
 @pytest.mark.timeout(60)
@@ -131,7 +121,7 @@ def test_attach_reclaims_the_dead(rdv, children):
     rdv.send("k", workers.payload(2, 50_000))
     child = children.start(workers.hold_view_then_wait, rdv.name, "k", queue)
     queue.get(timeout=QUEUE_TIMEOUT)
-    _kill(child)
+    kill_process(child)
     with shmrdv.Rendezvous(rdv.name, create=False):  # attaching reclaims
         pass
-    assert rdv.stats().bytes_used == 0 and _only_me(rdv)
+    assert rdv.stats().bytes_used == 0 and only_me(rdv)

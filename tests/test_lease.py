@@ -6,7 +6,6 @@ test_crash_windows does: a process-table entry that nobody holds, owning leased 
 in the middle of a pop or its reclaimer caught in the middle of giving them back."""
 import os
 import random
-import signal
 import struct
 import threading
 import time
@@ -18,7 +17,7 @@ import shmrdv
 from shmrdv._binding import ffi, lib
 
 from . import workers
-from .conftest import MiB, wait_for
+from .conftest import MiB, kill_process, only_me, wait_for
 from .test_crash_windows import DEAD, GRANULE, Segment
 
 QUEUE_TIMEOUT = 30
@@ -30,14 +29,6 @@ LEASED = 1
 Q_HEAD, Q_TAIL, COUNT = 40, 44, 48  # in a key slot
 
 
-def _kill(process):
-    os.kill(process.pid, signal.SIGKILL)
-    process.join(10)
-    assert process.exitcode == -signal.SIGKILL
-
-
-def _only_me(rdv):
-    return [p.pid for p in rdv.processes()] == [os.getpid()]
 
 
 def _message(n):
@@ -111,7 +102,7 @@ def test_a_killed_receiver_gives_its_leased_messages_back_first(rdv, children, r
     rdv.send("k", _message(6))
     held = [p for p in rdv.processes() if p.pid == child.pid]
     assert len(held) == 1 and held[0].views == 3
-    _kill(child)
+    kill_process(child)
     assert rdv.stats().pending_messages == 4
     if reclaim == "collect_garbage":
         assert rdv.collect_garbage() == 1
@@ -121,7 +112,7 @@ def test_a_killed_receiver_gives_its_leased_messages_back_first(rdv, children, r
     assert rdv.stats().pending_messages == 7
     assert _drain(rdv, "k") == [0, 1, 2, 3, 4, 5, 6]
     stats = rdv.stats()
-    assert stats.bytes_used == 0 and stats.keys == 0 and _only_me(rdv)
+    assert stats.bytes_used == 0 and stats.keys == 0 and only_me(rdv)
 
 
 @pytest.mark.timeout(60)
@@ -134,7 +125,7 @@ def test_a_key_emptied_by_a_killed_receiver_comes_back_and_wakes_its_waiter(rdv,
     assert rdv.stats().keys == 0  # the key's slot went with its last message
     waiter = rdv.recv_async("k")
     wait_for(lambda: rdv.stats().waiters == 1, "the waiter to wait")
-    _kill(child)
+    kill_process(child)
     assert rdv.collect_garbage() == 1
     assert _number(waiter.result(timeout=10)) == 0
     del waiter  # and the view it holds
@@ -149,7 +140,7 @@ def test_plain_views_of_a_killed_receiver_are_still_freed(rdv, children):
     queue = children.context.Queue()
     child = children.start(workers.hold_view_then_wait, rdv.name, "k", queue)
     queue.get(timeout=QUEUE_TIMEOUT)
-    _kill(child)
+    kill_process(child)
     assert rdv.collect_garbage() == 1
     assert _drain(rdv, "k") == [1, 2]  # at most once without a lease
     assert rdv.stats().bytes_used == 0
@@ -242,7 +233,7 @@ def test_leased_views_of_a_dead_entry_go_back_in_order(rdv, seg, held_lock):
     assert rdv.collect_garbage() == 1
     assert [_block(seg, p) for p in leased] == [(QUEUED, (0, 0))] * 2
     assert _drain(rdv, "k", _value) == [0, 1, 2, 3]
-    assert rdv.stats().bytes_used == 0 and _only_me(rdv) and _leases_dropped(rdv) == 0
+    assert rdv.stats().bytes_used == 0 and only_me(rdv) and _leases_dropped(rdv) == 0
 
 
 @pytest.mark.timeout(60)
@@ -262,7 +253,7 @@ def test_a_reclaimer_that_died_after_the_commit_point_is_repaired_in_order(rdv, 
     assert rdv.collect_garbage() == 1
     assert struct.unpack_from("<I", seg.mem, slot + COUNT)[0] == 3
     assert _drain(rdv, "k", _value) == [0, 1, 2]
-    assert rdv.stats().bytes_used == 0 and _only_me(rdv)
+    assert rdv.stats().bytes_used == 0 and only_me(rdv)
 
 
 @pytest.mark.timeout(60)
@@ -277,7 +268,7 @@ def test_died_in_a_pop_before_unlinking(rdv, seg, leased):
     struct.pack_into("<I", seg.mem, slot, DEAD + 1)
     assert rdv.collect_garbage() == 1
     assert _drain(rdv, "k", _value) == ([0, 1] if leased else [1])  # kept in place, or freed
-    assert rdv.stats().bytes_used == 0 and _only_me(rdv)
+    assert rdv.stats().bytes_used == 0 and only_me(rdv)
 
 
 @pytest.mark.timeout(60)
@@ -345,7 +336,7 @@ def test_a_leased_island_goes_back_and_is_freed_when_received(rdv, seg):
     assert _drain(rdv, "k", _value) == [1, 2]
     assert rdv.stats().bytes_used == 0
     _wrap_ring(rdv)
-    assert rdv.stats().bytes_used == 0 and _only_me(rdv)
+    assert rdv.stats().bytes_used == 0 and only_me(rdv)
 
 
 # ---- a forwarder SIGKILLed over and over ------------------------------------------------
@@ -392,7 +383,7 @@ def test_a_forwarder_killed_over_and_over_loses_nothing(rdv, children, tmp_path)
             child = children.start(forward_until_killed, rdv.name, "k", str(log))
             wait_for(lambda: log.exists() and log.stat().st_size >= 8, "the forwarder to forward")
             time.sleep(rng.uniform(0, 0.05))
-            _kill(child)
+            kill_process(child)
     finally:
         stop.set()
         producer.join(30)
@@ -413,4 +404,4 @@ def test_a_forwarder_killed_over_and_over_loses_nothing(rdv, children, tmp_path)
     # Given back at the head: every forwarder went on from where the last one stopped.
     assert forwarded + drained == sorted(forwarded + drained)
     stats = rdv.stats()
-    assert (stats.bytes_used, stats.pending_messages, stats.keys) == (0, 0, 0) and _only_me(rdv)
+    assert (stats.bytes_used, stats.pending_messages, stats.keys) == (0, 0, 0) and only_me(rdv)

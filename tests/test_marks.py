@@ -16,7 +16,7 @@ import pytest
 import shmrdv
 from shmrdv.rendezvous import MAX_MARKS
 
-from .conftest import wait_for
+from .conftest import only_me, wait_for
 from .test_crash_windows import DEAD, Segment
 
 ID = 0x5EED_0000_0001  # a mark id: which producer the mark belongs to
@@ -72,9 +72,6 @@ def _drain(rdv, key):
         del view
     return values
 
-
-def _only_me(rdv):
-    return [p.pid for p in rdv.processes()] == [os.getpid()]
 
 
 @pytest.fixture
@@ -174,7 +171,7 @@ def test_died_before_the_commit_point_rolls_the_mark_back(rdv, seg):
     assert rdv.mark(0) == (ID, 4, 0)
     del buf
     assert rdv.try_recv("k") is None
-    assert rdv.stats().bytes_used == 0 and _only_me(rdv)
+    assert rdv.stats().bytes_used == 0 and only_me(rdv)
 
 
 @pytest.mark.timeout(60)
@@ -186,7 +183,7 @@ def test_died_after_the_commit_point_keeps_the_mark(rdv, seg):
     assert rdv.collect_garbage() == 1
     assert rdv.mark(0) == (ID, 5, 0)
     assert _drain(rdv, "k") == [5]
-    assert rdv.stats().bytes_used == 0 and _only_me(rdv)
+    assert rdv.stats().bytes_used == 0 and only_me(rdv)
 
 
 @pytest.mark.timeout(60)
@@ -248,7 +245,7 @@ def test_reading_a_mark_reclaims_a_dead_writer_first(rdv, seg):
     del buf
     assert rdv.mark(1) == (0, 0, 0)  # another mark: no need to wait
     assert rdv.mark(0) == (ID, 4, 0)  # never the value of a change that did not happen
-    assert rdv.stats().bytes_used == 0 and _only_me(rdv)
+    assert rdv.stats().bytes_used == 0 and only_me(rdv)
 
 
 def test_an_out_of_range_mark_record_is_damage(rdv, seg):
@@ -294,4 +291,4 @@ def test_a_producer_killed_at_random_delivers_each_message_exactly_once(rdv, chi
     received += _drain(rdv, "k")
     assert mark_id == ID and last > KILLS
     assert received == list(range(1, last + 1))  # no gap, no duplicate, in order
-    assert rdv.stats().bytes_used == 0 and _only_me(rdv)
+    assert rdv.stats().bytes_used == 0 and only_me(rdv)
