@@ -31,6 +31,7 @@ log = logging.getLogger("shmrdv.bridge")
 
 
 _DIRECT_MAX = 64 << 10  # messages the dispatcher may write itself when the link is idle
+_STABLE_S = 1.0  # a connection that lasted less than this does not reset the backoff
 
 
 class LinkSettings:
@@ -272,8 +273,16 @@ class Link:
                 continue
             log.info("link to %s is up", self.url)
             down_since = None
-            delay = self._settings.backoff_initial
+            started = time.monotonic()
             self._serve(sock, reader, base, bits)
+            if time.monotonic() - started < _STABLE_S:
+                # Dropped at once (a peer that keeps hanging up): back off
+                # as for a failed connect, or the link would spin.
+                with self._cond:
+                    self._cond.wait(delay)
+                delay = min(2 * delay, self._settings.backoff_max)
+            else:
+                delay = self._settings.backoff_initial
 
     def _overdue(self, now: float) -> bool:
         deadline = self._settings.deadline
@@ -387,7 +396,13 @@ class Link:
                 if kind is Frame.ACK:
                     status, reason = protocol.parse_ack(body)
                     if status is Ack.REFUSED:
-                        log.error("bridge %s refused message %d for good: %s", self.url, stream, reason)
+                        # A send that returned can never be delivered: fail
+                        # the step, as TensorFlow does, rather than drop it
+                        # quietly. (A refusal because the remote rendezvous
+                        # is aborted just repeats that abort.)
+                        out = self._unacked.get(stream)
+                        what = out.key.decode("utf-8", "replace") if out is not None else f"message {stream}"
+                        self._on_fatal(f"bridge {self.url} refused {what!r} for good: {reason}")
                     with self._cond:
                         out = self._unacked.get(stream)
                         if out is None:

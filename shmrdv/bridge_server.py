@@ -137,7 +137,7 @@ class Inbound:
                 raise ProtocolError(f"unexpected {kind.name} frame from a {self.role.name.lower()}")
 
     def _begin(self, seq: int, body: bytes) -> None:
-        meta = protocol.parse_meta(body, self._max_message)
+        meta = protocol.parse_meta(body, protocol.MAX_MESSAGE)
         if seq in self._incoming:
             raise ProtocolError(f"message {seq} begun twice")
         if len(self._incoming) >= protocol.WINDOW:
@@ -151,6 +151,8 @@ class Inbound:
         if duplicate:
             self._incoming[seq] = _Incoming(seq, None, None, meta.nbytes, True)
             self.send(protocol.ack(seq, Ack.DUPLICATE))
+        elif meta.nbytes > self._max_message:
+            self._refuse(seq, meta, MessageTooLarge(f"{meta.nbytes} bytes can never fit the {self._max_message}-byte arena here"))
         elif self._retry_keys.get(meta.key, seq) != seq:
             self._retry(seq, meta)  # an earlier message of this key must go first
         else:
@@ -164,12 +166,7 @@ class Inbound:
             except RendezvousTimeout:
                 self._retry(seq, meta)
             except (InvalidArgument, InvalidType, MessageTooLarge, Aborted) as exc:
-                # Can never be delivered: tell the sender, and count it as
-                # done so it is not sent again.
-                log.warning("%s: refused message for %r: %s", self.peer, meta.key, exc)
-                self._settle(seq, None)
-                self._incoming[seq] = _Incoming(seq, None, None, meta.nbytes, True)
-                self.send(protocol.ack(seq, Ack.REFUSED, f"{type(exc).__name__}: {exc}"))
+                self._refuse(seq, meta, exc)
             else:
                 if self._retry_keys.get(meta.key) == seq:
                     del self._retry_keys[meta.key]
@@ -177,6 +174,14 @@ class Inbound:
                 self._incoming[seq] = _Incoming(seq, alloc, buf, meta.nbytes, False)
         if meta.nbytes == 0:
             self._finish(self._incoming.pop(seq))
+
+    def _refuse(self, seq: int, meta: protocol.Meta, exc: Exception) -> None:
+        """A message that can never be delivered: tell the sender, discard
+        its DATA, and count it as done so it is not sent again."""
+        log.warning("%s: refused message for %r: %s", self.peer, meta.key, exc)
+        self._settle(seq, None)
+        self._incoming[seq] = _Incoming(seq, None, None, meta.nbytes, True)
+        self.send(protocol.ack(seq, Ack.REFUSED, f"{type(exc).__name__}: {exc}"))
 
     def _retry(self, seq: int, meta: protocol.Meta) -> None:
         """Turn a message away for now; later messages of its key too, until

@@ -31,6 +31,7 @@ MAX_DTYPE = 24
 MAX_NDIM = 32
 MAX_REASON = 1024
 WINDOW = 64  # messages a link may have unacknowledged; the dedupe mark covers as many
+MAX_MESSAGE = 1 << 46  # payload bytes any message may claim (the core's arena limit is 64 GiB)
 
 _DTYPE_KINDS = "biufcmMSU"
 

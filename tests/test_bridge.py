@@ -288,3 +288,27 @@ def test_small_messages_pass_a_huge_one(tmp_path):
         assert got.nbytes == big.nbytes and got[-1] == 1
     finally:
         h.close()
+
+
+def test_a_message_the_remote_can_never_take_aborts_the_step(tmp_path):
+    """Host B's arena is 4 MiB; a 16 MiB tensor routed there can never be
+    delivered: host A's rendezvous is aborted with a reason saying so (and
+    the abort reaches B), instead of the message vanishing."""
+    names = (_new_name(), _new_name())
+    token_file = write_token(tmp_path / "token", TOKEN)
+    bridges = []
+    try:
+        for name, size in zip(names, (64 * MiB, 4 * MiB)):
+            shmrdv.Rendezvous(name, size=size, create=True).close()
+            bridges.append(BridgeProc(name, token_file=token_file, log_path=str(tmp_path / f"{name}.log")).start())
+        with shmrdv.Rendezvous(names[0], routes={"/job:b": bridges[1].url}, token=TOKEN) as a, \
+                shmrdv.Rendezvous(names[1]) as b:
+            a.send(key(DEV_A, DEV_B, "too-big"), np.zeros(16 * MiB, np.uint8))
+            with pytest.raises(shmrdv.Aborted, match="too-big.*(can never fit|MessageTooLarge|exceeds)"):
+                a.recv("anything", timeout=30)
+            wait_for(lambda: b.stats().aborted, "the abort to reach host B")
+    finally:
+        for bridge in bridges:
+            bridge.kill()
+        for name in names:
+            _remove_segment(name)
