@@ -17,10 +17,8 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-import numpy as np
 
 from . import auth, outbox, protocol
-from ._binding import lib
 from .bridge_link import Link, LinkSettings
 from .bridge_server import Inbound
 from .dedupe import Origins
@@ -63,11 +61,7 @@ class Bridge:
         self._drain_timeout = drain_timeout
         self._origins = Origins(rdv, INBOUND_MARKS)
         self._link_marks = LinkMarks(rdv)
-        # A leased receive puts an envelope back in the outbox if this process
-        # dies before its link has it acknowledged (a core without it frees it).
-        self._lease = hasattr(lib, "rdv_recv_leased")
         self._recovered: Dict[Tuple[str, bytes, Optional[str]], List[Tuple[outbox.Envelope, Any]]] = {}
-        self._first: Optional[Tuple[outbox.Envelope, Any]] = None
         self.leftover: List[Any] = []  # unacknowledged envelopes still held after stop()
         self._links: Dict[Tuple[str, bytes, Optional[str]], Link] = {}
         self._inbound: List[Inbound] = []
@@ -121,19 +115,11 @@ class Bridge:
             time.sleep(0.02)
         for link in links:
             left = link.take_unacked()
-            if left and self._lease:
+            if left:
                 # Held, leased: they go back to the head of the outbox, in
                 # order and with their numbers, when this process exits.
                 log.warning("leaving %d unacknowledged message(s) for %s to the next bridge", len(left), link.url)
                 self.leftover += left
-            elif left:
-                log.warning("putting %d unacknowledged message(s) for %s back into the outbox", len(left), link.url)
-                for out in left:
-                    try:
-                        self.rdv.send(outbox.OUTBOX_KEY, np.frombuffer(outbox.unstamped(out.view), np.uint8), timeout=self._drain_timeout)
-                    except RendezvousError as exc:
-                        log.error("could not put a message for %s back: %s", link.url, exc)
-                    out.view = None
             link.stop()
         with self._lock:
             inbound = list(self._inbound)
@@ -182,14 +168,16 @@ class Bridge:
     # ---- outbound ----------------------------------------------------------
 
     def _take(self, timeout: float) -> Any:
-        if self._lease:
-            return self.rdv.recv(outbox.OUTBOX_KEY, timeout=timeout, lease=True)  # type: ignore[call-arg]
-        return self.rdv.recv(outbox.OUTBOX_KEY, timeout=timeout)
+        """The next envelope, leased: if this process dies before its link
+        has it acknowledged, it goes back to the head of the outbox."""
+        return self.rdv.recv(outbox.OUTBOX_KEY, timeout=timeout, lease=True)
 
-    def _recover(self) -> None:
+    def _recover(self) -> Optional[Tuple[outbox.Envelope, Any]]:
         """Envelopes a dead bridge had numbered came back to the head of the
         outbox (leased receives): gather them, so that each link starts with
-        them, under their old numbers, before it numbers anything new."""
+        them, under their old numbers, before it numbers anything new.
+        Returns the first envelope that was not numbered, if one was taken."""
+        first = None
         while not self._stop.is_set():
             if not self._held.acquire(timeout=_POLL_S):
                 continue
@@ -202,7 +190,7 @@ class Bridge:
             if env is None:
                 continue
             if env.seq == 0:
-                self._first = (env, view)  # the first new one: numbered after the links exist
+                first = (env, view)  # numbered once the links exist
                 break
             key = (env.url, env.token, env.tls_ca or self._tls_ca)
             self._recovered.setdefault(key, []).append((env, view))
@@ -211,6 +199,7 @@ class Bridge:
             log.warning("resending %d message(s) a previous bridge had not had acknowledged", count)
         for url in sorted(set(self._extra_routes.values())):
             self._link(url, self._token, None)
+        return first
 
     def _read(self, view: Any) -> Optional[outbox.Envelope]:
         try:
@@ -233,10 +222,10 @@ class Bridge:
             link.submit(env, view)
 
     def _dispatch_loop(self) -> None:
-        self._recover()
-        if self._first is not None:
-            self._dispatch(*self._first)
-            self._first = None
+        first = self._recover()
+        if first is not None:
+            self._dispatch(*first)
+            del first
         while not self._stop.is_set():
             if not self._held.acquire(timeout=_POLL_S):
                 continue

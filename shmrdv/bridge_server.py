@@ -12,7 +12,7 @@ import logging
 import socket
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -170,7 +170,7 @@ class Inbound:
             else:
                 if self._retry_keys.get(meta.key) == seq:
                     del self._retry_keys[meta.key]
-                buf = memoryview(arr.reshape(-1).view(np.uint8)) if meta.nbytes else None  # type: ignore[arg-type]
+                buf = protocol.byte_view(arr)
                 self._incoming[seq] = _Incoming(seq, alloc, buf, meta.nbytes, False)
         if meta.nbytes == 0:
             self._finish(self._incoming.pop(seq))
@@ -284,17 +284,12 @@ class Inbound:
 
     def _hand_out(self, request: int, key: str, view: np.ndarray) -> None:
         with self._out_lock:
-            if self._closed.is_set():  # too late to send: leave it queued
+            if self._closed.is_set():  # too late to send: put it back under its key
                 self._put_back(key, view)
                 return
             self._handed_out[request] = (key, view)
         code = view.dtype.str.encode("ascii")
-        meta = protocol.encode_meta(Frame.ITEM, request, b"", code, view.shape, view.nbytes)
-        parts: List[Any] = [meta]
-        payload = memoryview(view.reshape(-1).view(np.uint8)) if view.nbytes else memoryview(b"")  # type: ignore[arg-type]
-        for off in range(0, view.nbytes, protocol.CHUNK):
-            chunk = payload[off : off + protocol.CHUNK]
-            parts += [protocol.header(Frame.DATA, chunk.nbytes, request), chunk]
+        parts = protocol.message_frames(Frame.ITEM, request, b"", code, view.shape, protocol.byte_view(view))
         try:
             with self._send_lock:
                 protocol.send_all(self.sock, parts)

@@ -17,7 +17,7 @@ import numpy as np
 from . import auth, protocol
 from .auth import Token
 from .bridge_link import LinkSettings, new_origin, open_socket
-from .errors import Aborted, InvalidArgument, InvalidType, RendezvousError, RendezvousTimeout
+from .errors import Aborted, InvalidArgument, InvalidType, MessageTooLarge, RendezvousError, RendezvousTimeout
 from .protocol import Ack, ConnectionLost, Frame, ProtocolError, RecvError, Role
 from .rendezvous import _dtype_code, _key_bytes, _timeout_ns
 
@@ -137,18 +137,11 @@ class RemoteRendezvous:
         code = _dtype_code(arr.dtype)
         if arr.nbytes > self.capacity:
             raise protocol_too_large(arr.nbytes, self.capacity)
-        if arr.dtype.kind in "mM":
-            arr = arr.view(np.int64)
-        payload = memoryview(arr.reshape(-1).view(np.uint8)) if arr.nbytes else memoryview(b"")  # type: ignore[arg-type]
         seq = self._ticket()
         try:
-            meta = protocol.encode_meta(Frame.MSG, seq, kb, code, arr.shape, arr.nbytes)
+            parts = protocol.message_frames(Frame.MSG, seq, kb, code, arr.shape, protocol.byte_view(arr))
 
             def op(conn: _Conn) -> None:
-                parts: List[Any] = [meta]
-                for off in range(0, payload.nbytes, protocol.CHUNK):
-                    chunk = payload[off : off + protocol.CHUNK]
-                    parts += [protocol.header(Frame.DATA, chunk.nbytes, seq), chunk]
                 protocol.send_all(conn.sock, parts)
                 while True:
                     kind, length, stream = conn.reader.header()
@@ -247,13 +240,12 @@ class RemoteRendezvous:
                     raise ProtocolError(f"expected ITEM or ERROR, got {kind.name}")
                 meta = protocol.parse_meta(body, self.capacity)
                 out = np.empty(meta.shape, meta.dtype)
-                view = memoryview(out.reshape(-1).view(np.uint8)) if meta.nbytes else None  # type: ignore[arg-type]
+                view = protocol.byte_view(out)
                 filled = 0
                 while filled < meta.nbytes:
                     kind, length, stream = conn.reader.header()
                     if kind is not Frame.DATA or stream != request or filled + length > meta.nbytes:
                         raise ProtocolError("bad DATA frame in a reply")
-                    assert view is not None
                     conn.reader.read_into(view[filled : filled + length])
                     filled += length
                 protocol.send_all(conn.sock, [protocol.ack(request, Ack.COMMITTED)])
@@ -304,8 +296,6 @@ class _RemoteRecvFuture(Future):  # type: ignore[type-arg]
 
 
 def _refusal(reason: str) -> RendezvousError:
-    from .errors import MessageTooLarge
-
     if reason.startswith("MessageTooLarge"):
         return MessageTooLarge(reason)
     if reason.startswith("Aborted"):
@@ -324,8 +314,6 @@ def _recv_error(code: RecvError, text: str, key: str) -> RendezvousError:
 
 
 def protocol_too_large(nbytes: int, capacity: int) -> RendezvousError:
-    from .errors import MessageTooLarge
-
     return MessageTooLarge(f"a {nbytes}-byte message can never fit the remote arena of {capacity} bytes")
 
 

@@ -109,13 +109,6 @@ def stamp(view: Any, origin: int, seq: int) -> None:
     ffi.buffer(ffi.cast("char *", address + _STAMP_OFF), _STAMP.size)[:] = _STAMP.pack(origin, seq)
 
 
-def unstamped(view: Any) -> bytes:
-    """The envelope's bytes with its stamp cleared: a copy for the outbox."""
-    data = bytearray(memoryview(view).cast("B"))
-    data[_STAMP_OFF : _STAMP_OFF + _STAMP.size] = bytes(_STAMP.size)
-    return bytes(data)
-
-
 def payload_array(buf: np.ndarray, payload_off: int, dtype: np.dtype, shape: Tuple[int, ...]) -> np.ndarray:
     """The typed array over an envelope buffer's payload."""
     nbytes = math.prod(shape) * dtype.itemsize

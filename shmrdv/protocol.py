@@ -35,6 +35,8 @@ MAX_MESSAGE = 1 << 46  # payload bytes any message may claim (the core's arena l
 
 _DTYPE_KINDS = "biufcmMSU"
 
+Buffer = Union[bytes, bytearray, memoryview]
+
 
 class Frame(enum.IntEnum):
     HELLO = 1  # server -> client: magic, version, capacity, nonce
@@ -172,6 +174,22 @@ class Meta(NamedTuple):
     nbytes: int
 
 
+def byte_view(arr: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous array, without a copy (any dtype, even
+    datetimes, which have no buffer protocol of their own)."""
+    return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+
+
+def message_frames(kind: Frame, stream: int, key: bytes, dtype_code: bytes, shape: Sequence[int], payload: memoryview) -> List[Buffer]:
+    """A whole message as the pieces to gather into one write: its MSG or
+    ITEM header, then DATA frames of CHUNK bytes over the payload itself."""
+    parts: List[Buffer] = [encode_meta(kind, stream, key, dtype_code, shape, payload.nbytes)]
+    for off in range(0, payload.nbytes, CHUNK):
+        chunk = payload[off : off + CHUNK]
+        parts += [header(Frame.DATA, chunk.nbytes, stream), chunk]
+    return parts
+
+
 def encode_meta(kind: Frame, stream: int, key: bytes, dtype_code: bytes, shape: Sequence[int], nbytes: int) -> bytes:
     body = b"".join((_META.pack(nbytes, len(key), len(dtype_code), len(shape)), struct.pack(f"<{len(shape)}q", *shape), key, dtype_code))
     return frame(kind, body, stream)
@@ -229,14 +247,19 @@ def ack(seq: int, status: Ack, reason: str = "") -> bytes:
     return frame(Frame.ACK, _ACK.pack(status) + reason.encode("utf-8")[:MAX_REASON], seq)
 
 
-def parse_ack(body: bytes) -> Tuple[Ack, str]:
+def _code_and_text(body: bytes, what: str) -> Tuple[int, str]:
+    """The body of ACK and ERROR: a code byte, then UTF-8 text."""
     if not 1 <= len(body) <= 1 + MAX_REASON:
-        raise ProtocolError(f"ACK of {len(body)} bytes")
+        raise ProtocolError(f"{what} of {len(body)} bytes")
+    return body[0], body[1:].decode("utf-8", "replace")
+
+
+def parse_ack(body: bytes) -> Tuple[Ack, str]:
+    code, text = _code_and_text(body, "ACK")
     try:
-        status = Ack(body[0])
+        return Ack(code), text
     except ValueError:
-        raise ProtocolError(f"unknown ACK status {body[0]}") from None
-    return status, body[1:].decode("utf-8", "replace")
+        raise ProtocolError(f"unknown ACK status {code}") from None
 
 
 def abort(reason: str) -> bytes:
@@ -269,13 +292,11 @@ def error(request: int, code: RecvError, text: str) -> bytes:
 
 
 def parse_error(body: bytes) -> Tuple[RecvError, str]:
-    if not 1 <= len(body) <= 1 + MAX_REASON:
-        raise ProtocolError(f"ERROR of {len(body)} bytes")
+    code, text = _code_and_text(body, "ERROR")
     try:
-        code = RecvError(body[0])
+        return RecvError(code), text
     except ValueError:
-        code = RecvError.FAILED
-    return code, body[1:].decode("utf-8", "replace")
+        return RecvError.FAILED, text
 
 
 # ---- the dedupe window -----------------------------------------------------------
@@ -301,7 +322,6 @@ def window_add(base: int, bits: int, seq: int) -> Tuple[int, int]:
 
 # ---- socket I/O ---------------------------------------------------------------------
 
-Buffer = Union[bytes, bytearray, memoryview]
 
 
 class Reader:

@@ -86,9 +86,10 @@ def announce(rdv: Any, routes: "Routes") -> None:
 
     for url in sorted(set(routes.table.values())):
         head, off = routes.envelope_head(url.encode("ascii"), outbox.ANNOUNCE_KEY, b"|u1", (0,), 0)
+        envelope = rdv.alloc(outbox.OUTBOX_KEY, (off,), np.uint8, timeout=0)
         try:
-            with rdv.alloc(outbox.OUTBOX_KEY, (off,), np.uint8, timeout=0) as buf:
-                buf[: len(head)] = np.frombuffer(head, np.uint8)
+            with RemoteAllocation(envelope, head, off, np.dtype(np.uint8), (0,)):
+                pass
         except RendezvousError:
             pass
 
