@@ -159,8 +159,10 @@ class Link:
             out.prepare(env)
             self._unacked[out.seq] = out
             sock = self._sock
+            # Idle: nothing queued, going out or waiting behind its key.
             direct = (sock is not None and not self._broken and not self._stopping and not self._writer_busy
-                      and not self._queue and not self._active and out.payload.nbytes <= _DIRECT_MAX
+                      and not self._queue and not self._active and not self._busy_keys
+                      and out.payload.nbytes <= _DIRECT_MAX
                       and out.seq - self._acked_base <= protocol.WINDOW)
             if not direct:
                 self._queue.append(out)
@@ -343,11 +345,15 @@ class Link:
                 out.offset += n
             try:
                 protocol.send_all(sock, parts)
-            finally:
+            except ConnectionLost:
                 with self._cond:
-                    self._writer_busy = False
+                    self._writer_busy = out.writing = False
+                raise
+            # One hold of the lock from here on: between freeing the socket
+            # and passing the key to its next message, an idle-looking link
+            # would let submit() write a later message of the key first.
             with self._cond:
-                out.writing = False
+                self._writer_busy = out.writing = False
                 if out.offset < out.payload.nbytes:
                     self._active.append(out)
                     continue
