@@ -31,6 +31,7 @@ log = logging.getLogger("shmrdv.bridge")
 
 
 _DIRECT_MAX = 64 << 10  # messages the dispatcher may write itself when the link is idle
+_ABORT_WAIT_S = 5.0  # how long an abort waits for the link's socket before using one of its own
 _STABLE_S = 1.0  # a connection that lasted less than this does not reset the backoff
 
 
@@ -233,15 +234,31 @@ class Link:
 
     def send_abort(self, reason: str) -> None:
         """Tell the remote bridge, on the open connection or a short-lived one."""
-        sock = self._sock
-        try:
+        frame = protocol.abort(reason)
+        with self._cond:
+            # The socket has one writer at a time: frames of a message in
+            # flight must not be cut by this one.
+            give_up = time.monotonic() + _ABORT_WAIT_S
+            while self._sock is not None and self._writer_busy and time.monotonic() < give_up:
+                self._cond.wait(0.05)
+            sock = None if self._writer_busy else self._sock
             if sock is not None:
-                protocol.send_all(sock, [protocol.abort(reason)])
+                self._writer_busy = True
+        if sock is not None:
+            try:
+                protocol.send_all(sock, [frame])
                 return
+            except ConnectionLost:
+                pass  # tell it on a connection of our own
+            finally:
+                with self._cond:
+                    self._writer_busy = False
+                    self._cond.notify_all()
+        try:
             quick = LinkSettings(connect_timeout=2.0)
             s, *_ = open_socket(self.url, self._token, Role.LINK, new_origin(), 1, quick, self._ca)
             with s:
-                protocol.send_all(s, [protocol.abort(reason)])
+                protocol.send_all(s, [frame])
         except (ConnectionLost, ProtocolError, protocol.AuthenticationError) as exc:
             log.warning("could not tell %s about the abort: %s", self.url, exc)
 
@@ -348,12 +365,14 @@ class Link:
             except ConnectionLost:
                 with self._cond:
                     self._writer_busy = out.writing = False
+                    self._cond.notify_all()
                 raise
             # One hold of the lock from here on: between freeing the socket
             # and passing the key to its next message, an idle-looking link
             # would let submit() write a later message of the key first.
             with self._cond:
                 self._writer_busy = out.writing = False
+                self._cond.notify_all()  # send_abort may be waiting for the socket
                 if out.offset < out.payload.nbytes:
                     self._active.append(out)
                     continue
