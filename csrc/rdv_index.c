@@ -1,4 +1,4 @@
-/* The key index: an open-addressing table of key slots in shared memory.
+/* Layer 4: the key index: an open-addressing table of key slots in shared memory.
  *
  * Lookups are lock-free reads of (state, hash, length) along a probe run
  * bounded by the home slot's max_probe. Everything that changes a slot goes
@@ -8,13 +8,12 @@
  * twice; deleting needs only the slot's own lock. A slot is deleted (made a
  * tombstone, reusable by later inserts) once it holds no messages and no
  * waiters, so keys that carry a step number do not fill the table. */
-#define _GNU_SOURCE
 #include <errno.h>
-#include <sched.h>
 #include <string.h>
 
 #include "rdv_atomic.h"
-#include "rdv_layout.h"
+#include "rdv_index.h"
+#include "rdv_lock.h"
 
 /* ---- hashing ---------------------------------------------------------------
  * Two independent 64-bit hashes per key (seeded per segment at creation). */
@@ -44,36 +43,6 @@ static uint64_t hash_bytes(uint64_t seed, const char *p, uint32_t len) {
 void rdv_hash_key(const rdv_t *h, const char *key, uint32_t len, uint64_t *h1, uint64_t *h2) {
     *h1 = hash_bytes(h->khdr->hash_seed[0], key, len);
     *h2 = hash_bytes(h->khdr->hash_seed[1], key, len);
-}
-
-/* ---- slot locks ------------------------------------------------------------*/
-
-/* Spins before a lock waiter asks whether the holder is still alive. */
-#define RDV_LOCK_CHECK_SPINS 4096
-
-void rdv_slot_lock(rdv_t *h, uint32_t *klock) {
-    for (unsigned spins = 0;; spins++) {
-        uint32_t free_ = 0;
-        /* relaxed read first: spin on a shared line without writing to it */
-        uint32_t holder = READ_ONCE(*klock);
-        if (holder == 0 &&
-            /* acquire: pairs with the release in rdv_slot_unlock; the
-             * previous holder's writes to the slot are visible to us. The
-             * word names us (entry + 1) so a dead holder can be found. */
-            rdv_cas(klock, &free_, h->me + 1, __ATOMIC_ACQUIRE))
-            return;
-        rdv_cpu_relax();
-        if ((spins & 63) == 63)
-            sched_yield(); /* the holder may be preempted on this CPU */
-        if (holder && spins % RDV_LOCK_CHECK_SPINS == RDV_LOCK_CHECK_SPINS - 1)
-            rdv_lock_holder_check(h, klock, holder); /* a dead holder's lock is repaired */
-    }
-}
-
-void rdv_slot_unlock(uint32_t *klock) {
-    /* release: publishes our writes to the slot (and to the messages we
-     * linked) to the next holder; pairs with the CAS in rdv_slot_lock */
-    smp_store_release(klock, 0);
 }
 
 /* ---- lookups ---------------------------------------------------------------*/
@@ -108,9 +77,9 @@ static int insert(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, uint32_t
         struct rdv_slot *s = &h->kslots[i];
         if (READ_ONCE(s->state) == RDV_SLOT_LIVE) /* relaxed: re-checked under the lock */
             continue;
-        rdv_slot_lock(h, &s->lock);
+        rdv_lock(h, &s->lock);
         if (s->state == RDV_SLOT_LIVE) {
-            rdv_slot_unlock(&s->lock);
+            rdv_unlock(&s->lock);
             continue;
         }
         /* relaxed: lookups read these lock-free only as a guess; the release
@@ -146,27 +115,27 @@ int rdv_index_acquire(rdv_t *h, const char *key, uint32_t key_len, int create, u
             if (!create)
                 return rc;
             struct rdv_slot *khome = &h->kslots[h1 & h->slot_mask];
-            rdv_slot_lock(h, &khome->ins_lock);
+            rdv_lock(h, &khome->ins_lock);
             rc = rdv_index_find(h, h1, h2, key_len, &i);
             if (rc == -ENOENT) {
                 rc = insert(h, h1, h2, key_len, idx);
-                rdv_slot_unlock(&khome->ins_lock);
+                rdv_unlock(&khome->ins_lock);
                 return rc;
             }
-            rdv_slot_unlock(&khome->ins_lock);
+            rdv_unlock(&khome->ins_lock);
         }
         struct rdv_slot *s = &h->kslots[i];
-        rdv_slot_lock(h, &s->lock);
+        rdv_lock(h, &s->lock);
         if (s->state == RDV_SLOT_LIVE && s->h1 == h1 && s->h2 == h2 && s->key_len == key_len) {
             *idx = i;
             return 0;
         }
-        rdv_slot_unlock(&s->lock); /* deleted or reused since the lookup */
+        rdv_unlock(&s->lock); /* deleted or reused since the lookup */
     }
 }
 
 void rdv_index_release(rdv_t *h, uint32_t idx) {
-    rdv_slot_unlock(&h->kslots[idx].lock);
+    rdv_unlock(&h->kslots[idx].lock);
 }
 
 /* With the slot locked: turn it into a tombstone if nothing needs it. */

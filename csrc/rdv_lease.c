@@ -1,4 +1,4 @@
-/* Leased receive: a message taken with rdv_recv_leased whose receiver dies
+/* Layer 6: leased receive: a message taken with rdv_recv_leased whose receiver dies
  * before releasing it goes back to the head of its key's queue, for the next
  * receiver (at-least-once forwarding: the network bridge frees a message
  * only once the far side has it), instead of being freed with the dead
@@ -8,14 +8,12 @@
  * RDV_MSG_LEASED in its flags. The receiver's reclaimer (holding its byte
  * lock, acting as it) gives them back one key at a time; for the key of the
  * oldest leased view left:
- *   1. under island_lock (so no view turns into an island while we look),
- *      chain every leased view of that key through their next links, in
- *      ascending ring position: islands first (the head stepped over them,
- *      so they are older than every block in the ring), then the ring. The
- *      forwarder took them in queue order, so this is their queue order
- *      whenever their allocation order was (one producer per key, say).
- *      One walk of the ring per key: recovery is rare, and a forwarder
- *      reads few keys (the bridge, one);
+ *   1. chain every leased view of that key through their next links, in
+ *      the order they were allocated (a block position carries its
+ *      allocation's number). The forwarder took them in queue order, so
+ *      this is their queue order whenever their allocation order was (one
+ *      producer per key, say). One walk of the arena per key: recovery is
+ *      rare, and a forwarder reads few keys (the bridge, one);
  *   2. find the key's slot, or create it again (its queue may have emptied
  *      and the slot been deleted since), and hold its lock as the dead;
  *   3. point the chain's last link at the queue's head, then the queue's
@@ -34,13 +32,17 @@
  * queued messages too); when the key index is full and the key's slot was
  * deleted (counted in leases_dropped); a view whose header is damaged is
  * skipped here and freed by our caller with the dead's other views. */
-#define _GNU_SOURCE
 #include <string.h>
 
+#include "rdv_arena.h"
 #include "rdv_atomic.h"
-#include "rdv_layout.h"
+#include "rdv_index.h"
+#include "rdv_lease.h"
+#include "rdv_lock.h"
+#include "rdv_queue.h"
+#include "rdv_wait.h"
 
-/* The leased views of one key, linked in ascending position. */
+/* The leased views of one key, linked oldest first. */
 struct chain {
     const char *key; /* the key bytes in the first view */
     uint32_t key_len;
@@ -50,76 +52,72 @@ struct chain {
     uint32_t n;
 };
 
-/* The key of the block at pos if it is a leased view of who with a header we
- * can read it from; NULL otherwise. Nobody but us changes a dead entry's
- * views, so plain reads are enough. */
-static const char *leased_key(rdv_t *h, uint64_t pos, uint32_t who, struct rdv_msg **out,
-                              uint32_t *key_len) {
+/* The key of block m if it is a leased view of who with a header we can
+ * read it from; NULL otherwise. Nobody but us changes a dead entry's views,
+ * so plain reads are enough. */
+static const char *leased_key(rdv_t *h, struct rdv_msg *m, uint32_t who, uint32_t *key_len) {
     uint64_t len;
-    struct rdv_msg *m = rdv_block_at(h, pos, &len);
-    if (!m || !rdv_msg_leased_by(m, who) || m->ndim > RDV_NDIM_MAX || m->key_len == 0 ||
-        m->key_len > RDV_KEY_MAX || sizeof *m + 16ull * m->ndim + m->key_len > m->payload_off)
+    if (!rdv_block_at(h, m->pos, &len) || !rdv_msg_leased_by(m, who) || m->ndim > RDV_NDIM_MAX ||
+        m->key_len == 0 || m->key_len > RDV_KEY_MAX ||
+        sizeof *m + 16ull * m->ndim + m->key_len > m->payload_off)
         return NULL; /* rdv_block_at checked payload_off against the block length */
-    *out = m;
     *key_len = m->key_len;
-    return (const char *)(m + 1) + 16ull * m->ndim;
+    return rdv_msg_key(m);
 }
 
-/* Link the block at pos to the chain if it is a leased view of who and of
- * the chain's key (the first one found sets the key). */
-static void consider(rdv_t *h, struct chain *c, uint64_t pos, uint32_t who) {
-    struct rdv_msg *m;
+/* How long ago the block at pos was allocated, in allocations. */
+static uint64_t age(rdv_t *h, uint64_t pos) {
+    /* relaxed: a counter that only grows; a stale value shifts every age alike */
+    uint64_t now = READ_ONCE(h->khdr->arena.alloc_seq);
+    return (now - rdv_pos_seq(pos)) & ((1ULL << (64 - RDV_GRANULE_BITS)) - 1);
+}
+
+/* Put m into the chain, which is sorted oldest first, if it is a leased
+ * view of who and of the chain's key (the first one found sets the key).
+ * A view's link is nobody's to read until give_back publishes the chain. */
+static void consider(rdv_t *h, struct chain *c, struct rdv_msg *m, uint32_t who) {
     uint32_t key_len;
-    const char *key = leased_key(h, pos, who, &m, &key_len);
+    const char *key = leased_key(h, m, who, &key_len);
     if (!key)
         return;
-    uint32_t g = (uint32_t)rdv_granule_of(h, pos) + 1;
+    uint32_t g = rdv_link_of(m->pos);
     if (c->n == 0) {
         c->key = key;
         c->key_len = key_len;
-        c->first = g;
-    } else if (key_len == c->key_len && memcmp(key, c->key, key_len) == 0) {
-        c->last->next = g; /* a view's link: nobody reads it until step 3 */
-    } else {
+        c->first = c->last_g = g;
+        c->last = m;
+        m->next = 0;
+        c->n = 1;
         return;
     }
-    c->last = m;
-    c->last_g = g;
+    if (key_len != c->key_len || memcmp(key, c->key, key_len) != 0)
+        return;
+    uint64_t a = age(h, m->pos);
+    uint64_t len;
+    struct rdv_msg *prev = NULL, *cur = rdv_queued_msg(h, c->first, &len);
+    while (cur && age(h, cur->pos) > a) { /* older ones stay in front */
+        prev = cur;
+        cur = cur->next ? rdv_queued_msg(h, cur->next, &len) : NULL;
+    }
+    m->next = prev ? prev->next : c->first;
+    if (prev)
+        prev->next = g;
+    else
+        c->first = g;
+    if (!cur) {
+        c->last = m;
+        c->last_g = g;
+    }
     c->n++;
 }
 
-/* Step 1 for the oldest key left: 0 if the dead holds no leased view. */
+/* Step 1 for the first key left: 0 if the dead holds no leased view. */
 static int gather(rdv_t *h, uint32_t who, struct chain *c) {
-    struct rdv_header *khdr = h->khdr;
     memset(c, 0, sizeof *c);
-    /* Held while we look: pin_head turns a view at the head into an island
-     * under it, which would move the view from the ring behind our walk. */
-    rdv_slot_lock(h, &khdr->island_lock);
-    int started = 0;
-    for (uint64_t after = 0;;) { /* the islands, by ascending position */
-        uint64_t best = 0;
-        int found = 0;
-        for (int i = 0; i < RDV_MAX_ISLANDS; i++) {
-            uint64_t w = READ_ONCE(khdr->islands[i]); /* relaxed: island words change under island_lock */
-            uint64_t off = rdv_island_off(w);
-            if (!w || off >= h->cap)
-                continue;
-            uint64_t pos = rdv_msg_at(h, off)->pos; /* rdv_block_at checks it names itself */
-            if ((!started || pos > after) && (!found || pos < best))
-                best = pos, found = 1;
-        }
-        if (!found)
-            break;
-        consider(h, c, best, who);
-        after = best;
-        started = 1;
-    }
-    /* acquire/relaxed: the ring window, as everywhere; our views in it stay
-     * (only we free them, and nobody pins them while we hold island_lock) */
-    uint64_t hd = smp_load_acquire(&khdr->c_head), t = READ_ONCE(khdr->p_tail);
-    for (uint64_t pos = hd; rdv_next_block(h, &pos, t); pos += RDV_GRANULE)
-        consider(h, c, pos, who);
-    rdv_slot_unlock(&khdr->island_lock);
+    /* our views stay while we walk: only we free them */
+    struct rdv_msg *m;
+    for (uint32_t b = 0; (m = rdv_arena_next(h, &b)); rdv_arena_step(h, &b))
+        consider(h, c, m, who);
     return c->n != 0;
 }
 
@@ -150,15 +148,15 @@ static void give_back(rdv_t *h, uint32_t who, const struct chain *c) {
     struct rdv_slot *s = &h->kslots[idx];
     /* Hand the lock we hold over to the dead: if we die from here on, its
      * next reclaimer repairs the slot as the dead's (see the top).
-     * acquire: the stores below cannot move above the hand-over, so a death
-     * after any of them leaves the lock naming the dead. Lock waiters see a
-     * live holder: we hold the dead's byte lock (and rdv.reclaiming). */
-    rdv_exchange(&s->lock, who, __ATOMIC_ACQUIRE);
+     * The stores below cannot move above the hand-over, so a death after
+     * any of them leaves the lock naming the dead. Lock waiters see a live
+     * holder: we hold the dead's byte lock (and rdv.reclaiming). */
+    rdv_lock_hand_over(&s->lock, who);
     if (rdv_is_aborted(h)) {
         /* rdv_abort drains each slot under its lock after setting the state:
          * a message queued after that drain would never be freed */
         rdv_index_maybe_delete(h, idx);
-        rdv_slot_unlock(&s->lock);
+        rdv_unlock(&s->lock);
         free_chain(h, c, 0);
         return;
     }
@@ -168,8 +166,7 @@ static void give_back(rdv_t *h, uint32_t who, const struct chain *c) {
     smp_store_release(&s->q_head, c->first);
     /* full barrier: and the commit point before any block turns QUEUED. A
      * QUEUED block of the dead that the queue does not reach would be taken
-     * by repair for a send the dead was linking, and put at the tail (or,
-     * an island, never found). */
+     * by repair for a send the dead was linking, and put at the tail. */
     smp_mb();
     uint32_t g = c->first;
     for (uint32_t i = 0; i < c->n; i++) {
@@ -178,7 +175,7 @@ static void give_back(rdv_t *h, uint32_t who, const struct chain *c) {
         if (!m)
             break; /* cannot happen: the chain is ours until we unlock */
         g = m->next;
-        rdv_msg_requeue(m);
+        rdv_queue_requeue(m);
     }
     if (s->q_tail == 0)
         s->q_tail = c->last_g;
@@ -187,14 +184,14 @@ static void give_back(rdv_t *h, uint32_t who, const struct chain *c) {
      * the repair wakes them (reclaim_locks). */
     if (s->waiters)
         rdv_wake_all(&s->seq, &s->sleepers);
-    rdv_slot_unlock(&s->lock);
+    rdv_unlock(&s->lock);
 }
 
 void rdv_lease_recover(rdv_t *h, uint32_t dead) {
     struct chain c;
     /* Each round gives back or frees at least one view: bounded by the most
      * blocks the arena can hold, in case damage keeps one coming back. */
-    for (uint64_t rounds = h->cap / RDV_GRANULE + RDV_MAX_ISLANDS;
+    for (uint64_t rounds = h->granules;
          rounds-- && gather(h, dead + 1, &c);)
         give_back(h, dead + 1, &c);
 }

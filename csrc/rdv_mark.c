@@ -1,4 +1,4 @@
-/* Producer marks: records in the segment header that an idempotent producer
+/* Layer 6: producer marks: records in the segment header that an idempotent producer
  * (the network bridge) changes together with a commit, so that after its
  * death it can tell exactly which of its messages were committed.
  *
@@ -17,15 +17,16 @@
  * that fails rolls the mark back itself and disarms before it frees the
  * block, so while the record is armed a freed block always means committed
  * (then delivered, or drained by an abort).
- * Block positions are free-running, so a later block at the same offset is
- * never mistaken for ours. */
-#define _GNU_SOURCE
+ * Block positions carry their allocation's number, so a later block at the
+ * same place is never mistaken for ours. */
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 
+#include "rdv_arena.h"
 #include "rdv_atomic.h"
-#include "rdv_layout.h"
+#include "rdv_mark.h"
+#include "rdv_os.h"
+#include "rdv_queue.h"
 
 /* Whether the block at pos is allocated, WRITING, and held by entry who - 1:
  * the test both for a block we may commit and for a commit that never came. */
@@ -78,7 +79,7 @@ static void end_change(rdv_t *h, uint32_t idx, int happened) {
     smp_store_release(&kme->mark_state, 0);
 }
 
-static int do_commit_marked(rdv_t *h, uint64_t pos, uint32_t idx, uint64_t id, uint64_t val0,
+int rdv_mark_commit(rdv_t *h, uint64_t pos, uint32_t idx, uint64_t id, uint64_t val0,
                             uint64_t val1) {
     if (idx >= RDV_MAX_MARKS || !writing_by(h, pos, h->me + 1))
         return -EINVAL; /* a block we are not writing: nothing changes */
@@ -87,7 +88,7 @@ static int do_commit_marked(rdv_t *h, uint64_t pos, uint32_t idx, uint64_t id, u
     /* full barrier: the new mark lands before the commit can, so a death
      * after the commit point finds the mark already changed */
     smp_mb();
-    int rc = rdv_channel_link(h, pos);
+    int rc = rdv_queue_link(h, pos);
     end_change(h, idx, rc == 0);
     pthread_mutex_unlock(&h->mark_lock);
     if (rc < 0)
@@ -95,7 +96,7 @@ static int do_commit_marked(rdv_t *h, uint64_t pos, uint32_t idx, uint64_t id, u
     return rc;
 }
 
-static int do_mark_set(rdv_t *h, uint32_t idx, uint64_t id, uint64_t val0, uint64_t val1) {
+int rdv_mark_set_impl(rdv_t *h, uint32_t idx, uint64_t id, uint64_t val0, uint64_t val1) {
     if (idx >= RDV_MAX_MARKS)
         return -EINVAL;
     pthread_mutex_lock(&h->mark_lock);
@@ -125,20 +126,20 @@ static void settle(rdv_t *h, uint32_t idx) {
                 continue;
             armed = 1;
             if (spins % 64 == 0) /* a syscall: not on every spin */
-                dead |= !rdv_proc_alive(h, i);
+                dead |= !h->ops.alive(h, i);
         }
         if (!armed)
             return;
         if (dead)
-            rdv_proc_reclaim_dead(h, NULL); /* skips any that another reclaimer holds */
+            h->ops.reclaim_dead(h); /* skips any that another reclaimer holds */
         else if (spins % 64 == 0)
-            sched_yield(); /* the writer or reclaimer may be preempted on this CPU */
+            rdv_yield(); /* the writer or reclaimer may be preempted on this CPU */
         else
             rdv_cpu_relax();
     }
 }
 
-static int do_mark_get(rdv_t *h, uint32_t idx, uint64_t *id, uint64_t *val0, uint64_t *val1) {
+int rdv_mark_get_impl(rdv_t *h, uint32_t idx, uint64_t *id, uint64_t *val0, uint64_t *val1) {
     if (idx >= RDV_MAX_MARKS)
         return -EINVAL;
     settle(h, idx);
@@ -168,17 +169,4 @@ void rdv_mark_recover(rdv_t *h, uint32_t dead) {
      * next reclaimer finds the record armed and the block unchanged, and
      * decides the same */
     smp_store_release(&kp->mark_state, 0);
-}
-
-int rdv_send_commit_marked(rdv_t *h, uint64_t pos, uint32_t idx, uint64_t id, uint64_t val0,
-                           uint64_t val1) {
-    WITH_REF(h, do_commit_marked(h, pos, idx, id, val0, val1));
-}
-
-int rdv_mark_set(rdv_t *h, uint32_t idx, uint64_t id, uint64_t val0, uint64_t val1) {
-    WITH_REF(h, do_mark_set(h, idx, id, val0, val1));
-}
-
-int rdv_mark_get(rdv_t *h, uint32_t idx, uint64_t *id, uint64_t *val0, uint64_t *val1) {
-    WITH_REF(h, do_mark_get(h, idx, id, val0, val1));
 }

@@ -1,20 +1,14 @@
-/* Waiting for a shared word to change: a bounded, adaptive spin, then a
+/* Layer 2: waiting for a shared word to change: a bounded, adaptive spin, then a
  * futex sleep on the word itself (shared, not FUTEX_PRIVATE: the waker is
  * another process). The protocol follows an event count: a waiter announces
  * itself in a sleepers word, a full barrier, then re-checks the word before
  * it sleeps; a waker bumps the word, a full barrier, and makes the wake
  * syscall only when sleepers is nonzero. */
-#define _GNU_SOURCE
 #include <errno.h>
-#include <limits.h>
-#include <linux/futex.h>
-#include <sched.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "rdv_atomic.h"
-#include "rdv_layout.h"
+#include "rdv_os.h"
+#include "rdv_wait.h"
 
 /* Spin budget bounds. Waking a sleeper on another vCPU costs ~50-100 us on
  * the VMs we measured, a spin that catches the change costs a few us; a
@@ -22,12 +16,6 @@
 #define RDV_SPIN_MIN_NS 2000
 #define RDV_SPIN_MAX_NS 200000
 #define RDV_SPIN_CHECK_EVERY 64 /* pause iterations between clock reads and yields */
-
-int64_t rdv_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 void rdv_deadline_init(struct rdv_deadline *d, int64_t timeout_ns) {
     d->forever = timeout_ns < 0;
@@ -51,19 +39,6 @@ int rdv_is_aborted(const rdv_t *h) {
     return smp_load_acquire(&h->khdr->abort_state) != RDV_RUNNING;
 }
 
-static int futex_wait(uint32_t *kword, uint32_t expected, int64_t timeout_ns) {
-    struct timespec ts, *tsp = NULL;
-    if (timeout_ns != INT64_MAX) {
-        ts.tv_sec = timeout_ns / 1000000000;
-        ts.tv_nsec = timeout_ns % 1000000000;
-        tsp = &ts;
-    }
-    long rc = syscall(SYS_futex, kword, FUTEX_WAIT, expected, tsp, NULL, 0);
-    if (rc == 0 || errno == EAGAIN)
-        return 0;
-    return -errno; /* ETIMEDOUT or EINTR */
-}
-
 /* Spin until *kword != seen, abort, or the budget runs out. No sched_yield:
  * with an unrelated task on this CPU a yield can cost a whole time slice
  * (milliseconds); a waker that shares our CPU is handled by not spinning. */
@@ -84,20 +59,20 @@ static int spin_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t bud
 
 /* Where the process that ends our waits on kword ran, lately: one bit per
  * wait, set if on our CPU. A receiver learns it from each delivery (the
- * sender's CPU, pop() in rdv_channel.c); a producer waiting for space from
+ * sender's CPU, rdv_wait_note_sender); a producer waiting for space from
  * the hint beside space_seq, after each wait that a bump ended. */
 static uint32_t *same_cpu_history(rdv_t *h, const uint32_t *kword) {
-    return kword == &h->khdr->space_seq ? &h->space_same_cpu : &h->same_cpu;
+    return kword == &h->khdr->arena.space_seq ? &h->space_same_cpu : &h->same_cpu;
 }
 
 static void note_space_waker(rdv_t *h, const uint32_t *kword) {
-    if (kword != &h->khdr->space_seq)
+    if (kword != &h->khdr->arena.space_seq)
         return;
     /* relaxed: a hint, written just before the bump we saw */
-    uint32_t waker = READ_ONCE(h->khdr->space_waker_cpu);
+    uint32_t waker = READ_ONCE(h->khdr->arena.space_waker_cpu);
     if (waker == 0)
         return;
-    int same = waker - 1 == (uint32_t)sched_getcpu();
+    int same = waker - 1 == rdv_cpu();
     WRITE_ONCE(h->space_same_cpu, (READ_ONCE(h->space_same_cpu) << 1 | same) & 0xf);
 }
 
@@ -137,7 +112,7 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t *kr
     /* relaxed: after the barrier, the re-read the waker's bump pairs with;
      * the kernel compares the word again atomically before sleeping */
     if (READ_ONCE(*kword) == seen && !rdv_is_aborted(h))
-        rc = futex_wait(kword, seen, left);
+        rc = rdv_futex_wait(kword, seen, left);
     /* relaxed: as the re-read above */
     if (rc == 0 && READ_ONCE(*kword) != seen)
         note_space_waker(h, kword);
@@ -169,10 +144,16 @@ void rdv_wake_sleepers(uint32_t *kword, uint32_t *ksleepers) {
      * waiter's increment + barrier + re-read of the word */
     smp_mb();
     if (READ_ONCE(*ksleepers) != 0)
-        syscall(SYS_futex, kword, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+        rdv_futex_wake_all(kword);
 }
 
 void rdv_wake_all(uint32_t *kword, uint32_t *ksleepers) {
     rdv_wake_bump(kword);
     rdv_wake_sleepers(kword, ksleepers);
+}
+
+void rdv_wait_note_sender(rdv_t *h, uint32_t sender_cpu) {
+    int same = sender_cpu == rdv_cpu();
+    /* process-local, relaxed: a hint; races only blur it */
+    WRITE_ONCE(h->same_cpu, (READ_ONCE(h->same_cpu) << 1 | same) & 0xf);
 }

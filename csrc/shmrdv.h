@@ -11,6 +11,9 @@
 #define RDV_REASON_MAX 1024
 #define RDV_NAME_MAX 200
 #define RDV_MAX_MARKS 64
+/* The shared layout's version: attach refuses a segment of another one. It
+ * sits at byte 8 of every segment (after the magic), in every version. */
+#define RDV_LAYOUT_VERSION 5
 
 typedef struct rdv rdv_t;
 
@@ -19,7 +22,7 @@ typedef struct rdv rdv_t;
 struct rdv_msg_info {
     void *payload;        /* start of the payload inside this process's mapping */
     uint64_t nbytes;      /* payload length */
-    uint64_t pos;         /* ring position of the block: the handle for release */
+    uint64_t pos;         /* the block's position: the handle for release */
     /* The descriptor: from ndim to the end of dims[2 * ndim], contiguous, so
      * a caller can use its bytes as a cache key. */
     uint32_t ndim;
@@ -32,8 +35,10 @@ struct rdv_stats {
     uint64_t pending_messages;
     uint64_t keys;
     uint64_t waiters;
-    uint64_t bytes_used;
-    uint64_t bytes_free;
+    uint64_t bytes_used;   /* in live blocks: queued, being written, held as views */
+    uint64_t bytes_free;   /* capacity - bytes_used */
+    uint64_t largest_free; /* the largest free block: no message needing more fits now */
+    uint64_t live_blocks;
     uint64_t capacity;
     uint64_t max_keys;
     uint32_t aborted;

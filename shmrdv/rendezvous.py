@@ -37,6 +37,16 @@ _key_cache: Dict[str, bytes] = {}
 _MAX_CACHED = 4096
 
 
+def _segment_version(path: str) -> str:
+    """The layout version a segment's header names (byte 8 in every version), for messages."""
+    try:
+        with open(os.path.join("/dev/shm", path.lstrip("/")), "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return "unknown"
+    return str(int.from_bytes(head[8:12], "little")) if len(head) == 12 else "unknown"
+
+
 def _key_bytes(key: object) -> bytes:
     if not isinstance(key, str):
         raise InvalidType(f"key must be a str, not {type(key).__name__}")
@@ -427,6 +437,11 @@ class Rendezvous:
                 continue
             if rc == -errno.EAGAIN:
                 raise SegmentMismatch(f"rendezvous {self._name!r} was never initialised by its creator")
+            if rc == -errno.EPROTONOSUPPORT:
+                raise SegmentMismatch(
+                    f"attaching to rendezvous {self._name!r}: its segment has layout version "
+                    f"{_segment_version(self._path)}, this shmrdv uses version {lib.RDV_LAYOUT_VERSION}; "
+                    f"recreate it (shmrdv rm {self._name}) with this version, or use the shmrdv that made it")
             if rc < 0:
                 raise_rc(rc, f"attaching to rendezvous {self._name!r}")
             self._created = False
@@ -784,6 +799,8 @@ class Rendezvous:
             waiters=out.waiters,
             bytes_used=out.bytes_used,
             bytes_free=out.bytes_free,
+            largest_free=out.largest_free,
+            live_blocks=out.live_blocks,
             capacity=out.capacity,
             max_keys=out.max_keys,
             aborted=bool(out.aborted),

@@ -15,10 +15,17 @@ class Stats:
     waiters: int
     """Receivers blocked in ``recv`` (or a pending ``recv_async``), over all processes."""
     bytes_used: int
-    """Arena bytes not yet reclaimed: pending messages, live views, and space
-    freed behind a still-held older block."""
+    """Arena bytes in live blocks: pending messages, messages being written
+    (a send in progress, an open ``alloc``), and received views still held.
+    A block is its message plus its header, rounded up to 64 bytes (256 at
+    the least)."""
     bytes_free: int
-    """Arena bytes available to new messages."""
+    """Arena bytes in free blocks: ``bytes_used + bytes_free == capacity``."""
+    largest_free: int
+    """The largest free block: a message whose block needs more does not fit
+    now (it waits for space), one that needs at most this fits at once."""
+    live_blocks: int
+    """Blocks in use: pending messages, messages being written, held views."""
     capacity: int
     """Arena size in bytes."""
     max_keys: int

@@ -1,0 +1,45 @@
+/* Layer 4: the payload arena, a heap of variable-size blocks with the ring's
+ * costs where traffic is a stream (see rdv_arena.c). */
+#ifndef RDV_ARENA_H
+#define RDV_ARENA_H
+
+#include <stdint.h>
+
+#include "rdv_handle.h"
+
+/* The creator's first step: the whole arena one free block. */
+void rdv_arena_init(rdv_t *h);
+/* A block of at least nbytes whose header already names us (pos, stage
+ * WRITING, owner), at *pos. -EMSGSIZE: larger than the arena can ever hold;
+ * -ENOSPC: no free run that large right now (frees bump space_seq). */
+int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos);
+/* Free the busy block at pos; -EINVAL if pos names no busy block (freed
+ * already, or never allocated). Wakes producers waiting for space. */
+int rdv_arena_free(rdv_t *h, uint64_t pos);
+/* Rebuild the allocator's derived state from the side table's start tags:
+ * called by a reclaimer holding ctl.lock as the dead process that held it. */
+void rdv_arena_repair(rdv_t *h);
+
+/* Every read of a message block from shared memory goes through these: the
+ * block at pos (or at queue link g, a granule + 1), if it is busy, names
+ * itself and has a payload offset inside it; NULL otherwise. *len is the
+ * block's length in bytes. */
+struct rdv_msg *rdv_block_at(rdv_t *h, uint64_t pos, uint64_t *len);
+struct rdv_msg *rdv_queued_msg(rdv_t *h, uint32_t g, uint64_t *len);
+/* The next busy block at granule *g or after it that names itself; *g is
+ * left on it (the caller steps past it with rdv_arena_step). NULL at the
+ * end. Lock-free: a block that stays busy throughout is never missed. */
+struct rdv_msg *rdv_arena_next(rdv_t *h, uint32_t *g);
+void rdv_arena_step(rdv_t *h, uint32_t *g);
+
+/* Bytes in busy blocks, free bytes, the largest free block, busy blocks:
+ * a consistent snapshot (taken under the lock). */
+void rdv_arena_usage(rdv_t *h, uint64_t *live_bytes, uint64_t *free_bytes, uint64_t *largest_free,
+                     uint64_t *live_blocks);
+
+static inline uint32_t rdv_link_of(uint64_t pos) { return (uint32_t)rdv_pos_granule(pos) + 1; }
+static inline struct rdv_msg *rdv_msg_at(const rdv_t *h, uint64_t pos) {
+    return (struct rdv_msg *)(h->karena + rdv_pos_granule(pos) * RDV_GRANULE);
+}
+
+#endif

@@ -1,0 +1,62 @@
+/* Layer 0: the process-local handle that maps one segment, and the hooks
+ * through which the low layers reach recovery without calling up into it.
+ * Types only. */
+#ifndef RDV_HANDLE_H
+#define RDV_HANDLE_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "rdv_layout.h"
+
+/* What a layer below recovery needs from above it, installed in the handle
+ * by the layer that opens it (rdv_open.c) or faked by a unit test (the
+ * ops-struct pattern: a primitive never calls a function above its layer).
+ * Every hook may be called from any thread that holds a reference. */
+struct rdv_ops {
+    /* Whether the process behind process entry `entry` is alive. */
+    int (*alive)(rdv_t *h, uint32_t entry);
+    /* A lock waiter found lock word klock held by entry holder - 1, whose
+     * process is dead: reclaim what it held (repairing and freeing klock). */
+    void (*dead_holder)(rdv_t *h, uint32_t *klock, uint32_t holder);
+    /* Reclaim every dead process: for waits that a dead process's
+     * leftovers may be behind (space, a producer mark being changed). */
+    void (*reclaim_dead)(rdv_t *h);
+};
+
+struct rdv {
+    uint8_t *base;      /* segment mapping */
+    size_t map_len;
+    struct rdv_header *khdr;
+    struct rdv_slot *kslots;
+    struct rdv_proc *kprocs;
+    uint32_t *kside;
+    uint8_t *karena;
+    uint64_t cap;       /* arena bytes */
+    uint32_t granules;  /* cap / RDV_GRANULE */
+    uint64_t slot_mask;
+    struct rdv_ops ops;
+    int64_t spin_ns;    /* adaptive spin budget before a futex sleep (racy hint) */
+    uint32_t same_cpu;  /* recent deliveries whose sender ran on our CPU, one bit each */
+    uint32_t space_same_cpu; /* recent space wake-ups made from our CPU, one bit each */
+    int64_t refs;       /* the owner's + one per call in flight + one per live payload */
+    uint32_t closed;
+    struct rdv *next_retired;
+    int fd;             /* the segment file, kept open: it carries our byte lock */
+    uint32_t me;        /* our process entry; lock words hold me + 1 */
+    /* One mark change at a time: our entry has one mark record. */
+    pthread_mutex_t mark_lock;
+    int acting;         /* registering into a full table: me is the dead entry being reclaimed */
+    pid_t pid;          /* the process that attached: in a forked child the handle is inert */
+    uint32_t reaped;    /* dead processes this handle reclaimed, and the first pids */
+    uint32_t reaped_pids[16];
+    /* Entries a thread of ours is reclaiming (1 each). The kernel byte locks
+     * belong to our open file description, which all our threads share: they
+     * keep other processes out, but neither our other threads nor a reclaim
+     * nested in one of ours (a lock waiter inside a reclaim finds a dead
+     * holder), which would take the byte lock again and drop it early. */
+    uint8_t reclaiming[RDV_MAX_PROCS];
+};
+
+#endif

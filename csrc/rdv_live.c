@@ -1,0 +1,84 @@
+/* Layer 2: the process table's entries and their liveness (see rdv_live.h). */
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rdv_atomic.h"
+#include "rdv_live.h"
+#include "rdv_os.h"
+
+int rdv_live_held_elsewhere(rdv_t *h, uint32_t entry) {
+    return rdv_byte_locked_by_other(h->fd, entry);
+}
+
+int rdv_live_take(rdv_t *h, uint32_t entry) {
+    /* acquire, process-local: pairs with the release in rdv_live_give_back,
+     * so what the previous thread of ours did for the entry happens before us */
+    if (rdv_exchange(&h->reclaiming[entry], 1, __ATOMIC_ACQUIRE))
+        return -EBUSY;
+    if (rdv_byte_lock(h->fd, entry) == 0)
+        return 0;
+    __atomic_store_n(&h->reclaiming[entry], 0, __ATOMIC_RELEASE); /* as in rdv_live_give_back */
+    return -EBUSY;
+}
+
+void rdv_live_give_back(rdv_t *h, uint32_t entry) {
+    rdv_byte_unlock(h->fd, entry);
+    /* release, process-local: our work on the entry happens before the next
+     * thread of ours that claims it */
+    __atomic_store_n(&h->reclaiming[entry], 0, __ATOMIC_RELEASE);
+}
+
+int rdv_live_alive(rdv_t *h, uint32_t entry) {
+    /* relaxed, process-local: a thread of ours acting for the entry (a dead
+     * one being reclaimed) is as good as its process for lock waiters */
+    return entry == h->me ||
+           (entry < RDV_MAX_PROCS && __atomic_load_n(&h->reclaiming[entry], __ATOMIC_RELAXED)) ||
+           rdv_live_held_elsewhere(h, entry);
+}
+
+int rdv_live_claim(rdv_t *h) {
+    for (uint32_t i = 0; i < RDV_MAX_PROCS; i++) {
+        struct rdv_proc *p = &h->kprocs[i];
+        /* acquire: pairs with the release of FREE in rdv_live_release/recovery */
+        if (smp_load_acquire(&p->state) != RDV_PROC_FREE || rdv_byte_lock(h->fd, i) < 0)
+            continue;
+        /* The byte lock makes the entry ours alone; re-check under it. */
+        if (smp_load_acquire(&p->state) != RDV_PROC_FREE) {
+            rdv_byte_unlock(h->fd, i);
+            continue;
+        }
+        p->pid = (uint32_t)getpid();
+        p->attached_ns = rdv_wall_ns();
+        memset(p->waits, 0, sizeof p->waits);
+        p->mark_state = 0; /* zero already, unless damaged: no change of ours in flight */
+        h->me = i;
+        /* release: publishes pid and the cleared records to readers of state */
+        smp_store_release(&p->state, RDV_PROC_ALIVE);
+        return 0;
+    }
+    return -EUSERS;
+}
+
+void rdv_live_release(rdv_t *h) {
+    /* release: our last accesses through the entry happen before reuse */
+    smp_store_release(&h->kprocs[h->me].state, RDV_PROC_FREE);
+    rdv_byte_unlock(h->fd, h->me);
+}
+
+uint32_t *rdv_live_wait_record(rdv_t *h, uint32_t slot_idx) {
+    struct rdv_proc *p = &h->kprocs[h->me];
+    for (int i = 0; i < RDV_PROC_WAITS; i++) {
+        uint32_t empty = 0;
+        /* relaxed: only our own threads write our records, and only a
+         * reclaimer (after our death, holding our byte lock) reads them */
+        if (rdv_cas(&p->waits[i], &empty, slot_idx + 1, __ATOMIC_RELAXED))
+            return &p->waits[i];
+    }
+    return NULL; /* more concurrent waits than records: this one is not covered */
+}
+
+void rdv_live_wait_unrecord(uint32_t *krecord) {
+    if (krecord)
+        WRITE_ONCE(*krecord, 0); /* relaxed: see rdv_live_wait_record */
+}

@@ -1,0 +1,108 @@
+/* Layer 8: opening and closing handles (see rdv_open.h). */
+#include <errno.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include "rdv_arena.h"
+#include "rdv_live.h"
+#include "rdv_open.h"
+#include "rdv_recover.h"
+#include "rdv_segment.h"
+
+static const struct rdv_ops default_ops = {
+    .alive = rdv_live_alive,
+    .dead_holder = rdv_recover_dead_holder,
+    .reclaim_dead = rdv_recover_reclaim_hook,
+};
+
+/* Claim an entry, reclaiming the dead on the way (attaching is when the
+ * dead get noticed); into a full table, reclaim the dead as each of them. */
+static int register_handle(rdv_t *h) {
+    h->ops = default_ops;
+    int rc = rdv_live_claim(h);
+    h->acting = rc < 0;
+    rdv_recover_dead(h, NULL);
+    if (rc < 0)
+        rc = rdv_live_claim(h);
+    h->acting = 0;
+    return rc;
+}
+
+int rdv_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out) {
+    int rc = rdv_segment_create(fd, arena_size, max_keys, out);
+    if (rc < 0)
+        return rc;
+    rdv_arena_init(*out);
+    rdv_segment_publish(*out);
+    rc = register_handle(*out);
+    if (rc < 0)
+        rdv_segment_discard(*out);
+    return rc;
+}
+
+int rdv_attach(int fd, rdv_t **out) {
+    int rc = rdv_segment_attach(fd, out);
+    if (rc < 0)
+        return rc;
+    rc = register_handle(*out);
+    if (rc < 0)
+        rdv_segment_discard(*out);
+    return rc;
+}
+
+/* Closed handles stay allocated (see rdv_get) and reachable from here. */
+static rdv_t *retired;
+
+void rdv_close(rdv_t *h) {
+    uint32_t open_ = 0;
+    /* process-local, relaxed: only makes close idempotent; rdv_put orders the unmap */
+    if (h && __atomic_compare_exchange_n(&h->closed, &open_, 1, 0, __ATOMIC_RELAXED,
+                                         __ATOMIC_RELAXED)) {
+        h->next_retired = __atomic_exchange_n(&retired, h, __ATOMIC_RELAXED);
+        rdv_put(h);
+    }
+}
+
+uint64_t rdv_capacity(rdv_t *h) { return h->cap; }
+
+/* This process's pid, kept current across fork without a syscall per call. */
+static pid_t current_pid;
+
+static void refresh_pid(void) { current_pid = getpid(); }
+
+__attribute__((constructor)) static void watch_forks(void) {
+    refresh_pid();
+    pthread_atfork(NULL, NULL, refresh_pid);
+}
+
+/* A handle inherited through fork belongs to the parent: its entry, its
+ * views and its locks are the parent's, so the child must not use, release
+ * or unregister any of them (it attaches a handle of its own instead). */
+int rdv_forked(const rdv_t *h) { return h->pid != current_pid; }
+
+int rdv_get(rdv_t *h) {
+    if (rdv_forked(h))
+        return -EBADF;
+    /* process-local count; relaxed: the mapping it protects was set up before
+     * the handle was handed out */
+    int64_t r = __atomic_load_n(&h->refs, __ATOMIC_RELAXED);
+    do {
+        if (r == 0)
+            return -EBADF; /* closed and unmapped */
+    } while (!__atomic_compare_exchange_n(&h->refs, &r, r + 1, 0, __ATOMIC_ACQUIRE,
+                                          __ATOMIC_RELAXED));
+    return 0;
+}
+
+void rdv_put(rdv_t *h) {
+    if (rdv_forked(h))
+        return; /* the parent's: leave its entry, views and blocks alone */
+    /* acq_rel: every access through the mapping happens before the unmap */
+    if (__atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        rdv_recover_own(h);
+        rdv_live_release(h);
+        rdv_segment_unmap(h);
+    }
+}
+
+void rdv_unref(rdv_t *h) { rdv_put(h); }

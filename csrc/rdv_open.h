@@ -1,0 +1,26 @@
+/* Layer 8: opening and closing handles: create and attach (registering in
+ * the process table, reclaiming the dead), references on the mapping, and
+ * fork awareness. */
+#ifndef RDV_OPEN_H
+#define RDV_OPEN_H
+
+#include "rdv_handle.h"
+
+/* References on a handle's mapping. A handle struct is never freed (a few
+ * hundred bytes per closed rendezvous), so taking a reference on a closed
+ * handle fails cleanly instead of touching freed memory. */
+int rdv_get(rdv_t *h);
+int rdv_forked(const rdv_t *h);
+void rdv_put(rdv_t *h);
+
+/* The body of a public entry point: call with a reference held. */
+#define WITH_REF(h, call)                                                          \
+    do {                                                                           \
+        if (rdv_get(h) < 0)                                                        \
+            return -EBADF;                                                         \
+        int rc_ = (call);                                                          \
+        rdv_put(h);                                                                \
+        return rc_;                                                                \
+    } while (0)
+
+#endif

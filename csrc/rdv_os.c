@@ -1,0 +1,129 @@
+/* Layer 1: the operating system calls (see rdv_os.h). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rdv_os.h"
+
+int64_t rdv_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+uint64_t rdv_wall_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint32_t rdv_cpu(void) {
+    int cpu = sched_getcpu();
+    return cpu < 0 ? 0 : (uint32_t)cpu;
+}
+
+void rdv_yield(void) { sched_yield(); }
+
+int rdv_futex_wait(uint32_t *kword, uint32_t expected, int64_t timeout_ns) {
+    struct timespec ts, *tsp = NULL;
+    if (timeout_ns != INT64_MAX) {
+        ts.tv_sec = timeout_ns / 1000000000;
+        ts.tv_nsec = timeout_ns % 1000000000;
+        tsp = &ts;
+    }
+    /* shared, not FUTEX_PRIVATE: the waker is another process */
+    long rc = syscall(SYS_futex, kword, FUTEX_WAIT, expected, tsp, NULL, 0);
+    if (rc == 0 || errno == EAGAIN)
+        return 0;
+    return -errno; /* ETIMEDOUT or EINTR */
+}
+
+void rdv_futex_wake_all(uint32_t *kword) {
+    syscall(SYS_futex, kword, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static struct flock byte_range(uint64_t byte, short type) {
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)byte;
+    fl.l_len = 1;
+    return fl;
+}
+
+int rdv_byte_lock(int fd, uint64_t byte) {
+    struct flock fl = byte_range(byte, F_WRLCK);
+    return fcntl(fd, F_OFD_SETLK, &fl) < 0 ? -errno : 0;
+}
+
+void rdv_byte_unlock(int fd, uint64_t byte) {
+    struct flock fl = byte_range(byte, F_UNLCK);
+    fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+int rdv_byte_locked_by_other(int fd, uint64_t byte) {
+    struct flock fl = byte_range(byte, F_WRLCK);
+    if (fcntl(fd, F_OFD_GETLK, &fl) < 0)
+        return 1;
+    return fl.l_type != F_UNLCK;
+}
+
+int rdv_file_reserve(int fd, uint64_t len) {
+    if (ftruncate(fd, (off_t)len) < 0)
+        return -errno;
+    int err = posix_fallocate(fd, 0, (off_t)len);
+    return err ? -err : 0;
+}
+
+int64_t rdv_file_size(int fd) {
+    struct stat st;
+    return fstat(fd, &st) < 0 ? -errno : (int64_t)st.st_size;
+}
+
+void *rdv_map(int fd, size_t len, int *err) {
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) {
+        *err = -errno;
+        return NULL;
+    }
+    return p;
+}
+
+const void *rdv_map_readonly(int fd, size_t len, int *err) {
+    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        *err = -errno;
+        return NULL;
+    }
+    return p;
+}
+
+void rdv_unmap(const void *p, size_t len) { munmap((void *)p, len); }
+
+int rdv_dup(int fd) {
+    int d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    return d < 0 ? -errno : d;
+}
+
+void rdv_close_fd(int fd) { close(fd); }
+
+void rdv_random(void *buf, size_t len) {
+    if (getrandom(buf, len, 0) == (ssize_t)len)
+        return;
+    uint64_t x = (uint64_t)rdv_now_ns() ^ ((uint64_t)getpid() << 32); /* no entropy source: still distinct */
+    for (size_t i = 0; i < len; i++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        ((uint8_t *)buf)[i] = (uint8_t)(x >> 56);
+    }
+}

@@ -1,0 +1,45 @@
+/* Layer 1: the operating system calls the core makes, each in one place:
+ * clocks, futexes, open-file-description byte locks, the CPU we run on,
+ * mapping and reserving segment files, random seeds. */
+#ifndef RDV_OS_H
+#define RDV_OS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+int64_t rdv_now_ns(void);      /* CLOCK_MONOTONIC */
+uint64_t rdv_wall_ns(void);    /* CLOCK_REALTIME, for humans */
+uint32_t rdv_cpu(void);        /* the CPU this thread runs on now */
+void rdv_yield(void);
+
+/* FUTEX_WAIT on a shared word: 0 when woken or the word differs, -ETIMEDOUT,
+ * -EINTR. timeout_ns INT64_MAX: no timeout. */
+int rdv_futex_wait(uint32_t *kword, uint32_t expected, int64_t timeout_ns);
+void rdv_futex_wake_all(uint32_t *kword);
+
+/* Write lock on one byte of fd (an open file description's, F_OFD_*):
+ * 0 or -errno; never blocks. */
+int rdv_byte_lock(int fd, uint64_t byte);
+void rdv_byte_unlock(int fd, uint64_t byte);
+/* Whether an open file description other than fd's holds the byte (1 when
+ * it cannot tell: never reclaim on a guess). */
+int rdv_byte_locked_by_other(int fd, uint64_t byte);
+
+/* Size fd to len bytes and reserve every page (a full /dev/shm fails here,
+ * not later with SIGBUS). 0 or -errno. */
+int rdv_file_reserve(int fd, uint64_t len);
+/* fd's size, or -errno. */
+int64_t rdv_file_size(int fd);
+/* Map len bytes of fd at offset 0, shared, read-write, faulted in now: a
+ * first touch of a shared page costs ~8x a copy into it. NULL on failure
+ * with *err = -errno. */
+void *rdv_map(int fd, size_t len, int *err);
+/* Map len bytes of fd read-only (to read a header), NULL on failure. */
+const void *rdv_map_readonly(int fd, size_t len, int *err);
+void rdv_unmap(const void *p, size_t len);
+/* A duplicate of fd, close-on-exec, or -errno. */
+int rdv_dup(int fd);
+void rdv_close_fd(int fd);
+void rdv_random(void *buf, size_t len);
+
+#endif

@@ -1,0 +1,40 @@
+/* Layer 5: the per-key FIFO queues that tie key slots to arena blocks, and
+ * their repair after a lock holder's death. */
+#ifndef RDV_QUEUE_H
+#define RDV_QUEUE_H
+
+#include <stdint.h>
+
+#include "rdv_handle.h"
+
+/* Metadata bytes before a payload; keeps room for the u64 position copy. */
+uint64_t rdv_meta_bytes(uint32_t ndim, uint32_t key_len);
+/* The key bytes a message block carries (its header checked by the caller). */
+static inline const char *rdv_msg_key(const struct rdv_msg *m) {
+    return (const char *)(m + 1) + 16ull * m->ndim;
+}
+/* Whether m is a view that entry who - 1 took with rdv_recv_leased. Read by
+ * reclaimers of that entry: nobody else changes a dead entry's blocks. */
+static inline int rdv_msg_leased_by(const struct rdv_msg *m, uint32_t who) {
+    return m->stage == RDV_MSG_DELIVERED && m->owner == who && (m->flags & RDV_MSG_LEASED);
+}
+
+/* Link the WRITING block at pos (checked by the caller to be ours) onto its
+ * key's queue: the commit point of a send. On failure the block is left as
+ * it was, the caller's to free. */
+int rdv_queue_link(rdv_t *h, uint64_t pos);
+/* With slot s locked and a message queued: describe it into out (bounds-
+ * checking everything read from shared memory) and unlink it, delivered to
+ * us (leased: it goes back to the queue if we die holding it). */
+int rdv_queue_pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len, int leased,
+                  struct rdv_msg_info *out);
+/* Make a block QUEUED again (owner and flags cleared), in an order that a
+ * death in the middle leaves repairable. */
+void rdv_queue_requeue(struct rdv_msg *m);
+/* Rebuild slot idx's queue after its lock holder `dead` died; called by its
+ * reclaimer holding the lock as the dead. */
+void rdv_queue_repair(rdv_t *h, uint32_t idx, uint32_t dead);
+/* Free every queued message and wake every waiter, slot by slot (abort). */
+void rdv_queue_drain_all(rdv_t *h);
+
+#endif

@@ -1,0 +1,147 @@
+/* Layer 7: reclaiming what dead processes held. A reclaimer takes the dead
+ * entry's byte lock (so its own death mid-way is as visible as the first
+ * one was) and acts under the dead entry's identity while it repairs, in
+ * this order:
+ *   1. locks the dead process held: the arena's (its free lists rebuilt
+ *      from the side table), slot locks (the slot's queue rebuilt from the
+ *      blocks themselves, keeping every QUEUED message: a message whose
+ *      send had linked it survives, one it was still writing is dropped),
+ *      ins_locks;
+ *   2. a producer-mark change it was making: rolled back unless its commit
+ *      happened (rdv_mark.c);
+ *   3. its waits: waiter and sleeper counts go back down;
+ *   4. views it took with rdv_recv_leased go back to the head of their keys
+ *      (rdv_lease.c);
+ *   5. its other blocks: views it held (DELIVERED) and blocks it was
+ *      writing (WRITING) are freed. */
+#include <errno.h>
+
+#include "rdv_arena.h"
+#include "rdv_atomic.h"
+#include "rdv_index.h"
+#include "rdv_lease.h"
+#include "rdv_live.h"
+#include "rdv_lock.h"
+#include "rdv_mark.h"
+#include "rdv_queue.h"
+#include "rdv_recover.h"
+#include "rdv_wait.h"
+
+/* Step 1: repair, then let go. Inserts hold ins_lock around a slot lock, so
+ * slots come before ins_locks; the arena comes first, because the slot
+ * repairs walk its blocks. */
+static void reclaim_locks(rdv_t *h, uint32_t dead) {
+    uint32_t who = dead + 1;
+    struct rdv_arena_ctl *ka = &h->khdr->arena;
+    /* relaxed, here and below: a lock naming the dead changes only through
+     * us (we act as it) */
+    if (READ_ONCE(ka->lock) == who) {
+        rdv_arena_repair(h);
+        rdv_unlock(&ka->lock);
+    }
+    for (uint64_t i = 0; i <= h->slot_mask; i++) {
+        struct rdv_slot *s = &h->kslots[i];
+        if (READ_ONCE(s->lock) == who) {
+            rdv_queue_repair(h, (uint32_t)i, dead);
+            rdv_index_maybe_delete(h, (uint32_t)i);
+            /* The dead may have queued messages and died before waking the
+             * receivers: wake them, under the lock, so that if we die first
+             * the lock still names the dead and the next repair wakes them. */
+            if (s->state == RDV_SLOT_LIVE && s->waiters)
+                rdv_wake_all(&s->seq, &s->sleepers);
+            rdv_unlock(&s->lock);
+        }
+    }
+    for (uint64_t i = 0; i <= h->slot_mask; i++) {
+        uint32_t expected = who;
+        /* release: as rdv_unlock */
+        rdv_cas(&h->kslots[i].ins_lock, &expected, 0, __ATOMIC_RELEASE);
+    }
+}
+
+/* Step 3. */
+static void reclaim_waits(rdv_t *h, uint32_t dead) {
+    uint32_t who = dead + 1;
+    struct rdv_proc *p = &h->kprocs[dead];
+    for (int i = 0; i < RDV_PROC_WAITS; i++) {
+        uint32_t rec = READ_ONCE(p->waits[i]); /* relaxed: the dead process's own record */
+        uint32_t idx = (rec & ~RDV_WAIT_SLEEPING) - 1;
+        if (!rec || idx > h->slot_mask)
+            continue;
+        struct rdv_slot *s = &h->kslots[idx];
+        rdv_lock_as(h, &s->lock, who);
+        if (s->waiters)
+            s->waiters--;
+        /* release: as a waiter's own decrement after its futex sleep */
+        if ((rec & RDV_WAIT_SLEEPING) && READ_ONCE(s->sleepers))
+            rdv_fetch_add(&s->sleepers, (uint32_t)-1, __ATOMIC_RELEASE);
+        rdv_index_maybe_delete(h, (uint32_t)idx);
+        rdv_unlock(&s->lock);
+        WRITE_ONCE(p->waits[i], 0); /* relaxed: the entry is reused only after our release of FREE */
+    }
+}
+
+static void reclaim_entry(rdv_t *h, uint32_t dead) {
+    uint32_t who = dead + 1;
+    reclaim_locks(h, dead);
+    /* Decided from the block it was committing, so only now that repair has
+     * kept (QUEUED) or dropped (still WRITING) a message it was linking,
+     * and before step 5 frees its WRITING blocks. */
+    rdv_mark_recover(h, dead);
+    reclaim_waits(h, dead);
+    rdv_lease_recover(h, dead);
+    /* Step 5: nobody else changes the dead's blocks, so the lock-free walk
+     * sees every one of them. */
+    struct rdv_msg *m;
+    for (uint32_t g = 0; (m = rdv_arena_next(h, &g)); rdv_arena_step(h, &g))
+        if (m->owner == who && (m->stage == RDV_MSG_WRITING || m->stage == RDV_MSG_DELIVERED))
+            rdv_arena_free(h, m->pos);
+}
+
+void rdv_recover_own(rdv_t *h) { reclaim_entry(h, h->me); }
+
+int rdv_recover_dead(rdv_t *h, uint32_t *reclaimed) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < RDV_MAX_PROCS; i++) {
+        struct rdv_proc *p = &h->kprocs[i];
+        /* relaxed: a first look; the byte lock below decides */
+        if ((i == h->me && !h->acting) || READ_ONCE(p->state) == RDV_PROC_FREE ||
+            rdv_live_held_elsewhere(h, i))
+            continue;
+        if (rdv_live_take(h, i) < 0)
+            continue; /* somebody registered or is reclaiming it right now */
+        /* acquire: pairs with the release of ALIVE/FREE */
+        uint32_t st = smp_load_acquire(&p->state);
+        if (st != RDV_PROC_FREE) {
+            uint32_t r = __atomic_fetch_add(&h->reaped, 1, __ATOMIC_RELAXED); /* process-local */
+            if (r < 16)
+                h->reaped_pids[r] = READ_ONCE(p->pid);
+            WRITE_ONCE(p->state, RDV_PROC_RECLAIMING); /* for shmrdv ls */
+            if (h->acting)
+                h->me = i; /* no entry of our own yet: its steps are recorded as its */
+            reclaim_entry(h, i);
+            /* release: the repairs above happen before the entry is reused */
+            smp_store_release(&p->state, RDV_PROC_FREE);
+            n++;
+        }
+        rdv_live_give_back(h, i);
+    }
+    if (reclaimed)
+        *reclaimed = n;
+    return 0;
+}
+
+void rdv_recover_reclaim_hook(rdv_t *h) { rdv_recover_dead(h, NULL); }
+
+void rdv_recover_dead_holder(rdv_t *h, uint32_t *klock, uint32_t holder) {
+    uint32_t entry = holder - 1;
+    rdv_recover_dead(h, NULL);
+    /* A lock naming a FREE entry (damage, or a holder reclaimed without its
+     * locks being found) is repaired on its own, under that entry's byte lock. */
+    if (READ_ONCE(*klock) == holder && rdv_live_take(h, entry) == 0) { /* relaxed: re-checked */
+        /* acquire: pairs with the release of FREE */
+        if (smp_load_acquire(&h->kprocs[entry].state) == RDV_PROC_FREE)
+            reclaim_locks(h, entry);
+        rdv_live_give_back(h, entry);
+    }
+}

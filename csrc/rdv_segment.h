@@ -1,0 +1,26 @@
+/* Layer 2: creating, validating and mapping a segment, and the handle that
+ * maps it. Filling in what lives inside (the arena's free space, the
+ * process entry) is for the layers that own it. */
+#ifndef RDV_SEGMENT_H
+#define RDV_SEGMENT_H
+
+#include <stdint.h>
+
+#include "rdv_handle.h"
+
+/* Size and reserve fd for an arena of arena_size bytes and max_keys keys,
+ * map it and write the header's identity, but not its magic: the segment
+ * is invisible to attachers until rdv_segment_publish. */
+int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out);
+void rdv_segment_publish(rdv_t *h);
+/* Validate the header of an existing segment, map it and check that its
+ * running state is in range. -EAGAIN: still being created; -EPROTO: not a
+ * segment; -EPROTONOSUPPORT: another layout version; -EBADMSG: damaged;
+ * -EFBIG: the file's size disagrees with its header. */
+int rdv_segment_attach(int fd, rdv_t **out);
+/* Unmap and free a handle that was never handed out. */
+void rdv_segment_discard(rdv_t *h);
+/* Unmap a handle's segment; the struct stays (see rdv_open.c). */
+void rdv_segment_unmap(rdv_t *h);
+
+#endif
