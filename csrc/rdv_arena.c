@@ -25,7 +25,8 @@
  * Measured against a next fit over the side table alone (which keeps no
  * lists), the lists keep allocation O(1) when many small blocks stay
  * (100,000 pending messages received in random order), where a next fit
- * walks past every one of them; see benchmarks/test_bench_arena.py.
+ * walks past every one of them (benchmarks/test_bench_arena.py measures
+ * both).
  *
  * Concurrency and crash safety. Every change is made under one lock word
  * (ctl.lock, rdv_lock.h), held for a few dozen stores, never across a

@@ -1,4 +1,5 @@
-/* Every memory-ordering primitive shmrdv uses on shared memory, in one place.
+/* Every memory-ordering primitive shmrdv uses, in one place: on shared
+ * memory, and on a handle's process-local counters and flags.
  *
  * Shared words are plain integers in a mapping that other processes see; the
  * GCC __atomic builtins work on them without _Atomic qualifiers, so the

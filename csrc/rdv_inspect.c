@@ -103,7 +103,7 @@ static int do_procs(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t 
 }
 
 uint32_t rdv_reaped(rdv_t *h, uint32_t *pids, uint32_t cap) {
-    uint32_t n = __atomic_load_n(&h->reaped, __ATOMIC_RELAXED); /* process-local */
+    uint32_t n = READ_ONCE(h->reaped); /* process-local */
     for (uint32_t i = 0; i < n && i < cap && i < 16; i++)
         pids[i] = h->reaped_pids[i];
     return n;

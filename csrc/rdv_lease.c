@@ -7,7 +7,7 @@
  * A leased view is a DELIVERED block owned by its receiver with
  * RDV_MSG_LEASED in its flags. The receiver's reclaimer (holding its byte
  * lock, acting as it) gives them back one key at a time; for the key of the
- * oldest leased view left:
+ * first leased view an arena walk finds:
  *   1. chain every leased view of that key through their next links, in
  *      the order they were allocated (a block position carries its
  *      allocation's number). The forwarder took them in queue order, so
@@ -24,7 +24,7 @@
  * blocks are still the dead's leased views, so whoever reclaims it next
  * (its entry is not FREE yet) starts over. From step 3 on, the slot lock
  * names the dead, so its next reclaimer repairs the slot first, and
- * repair_slot keeps a leased block of the dead that the queue reaches, where
+ * rdv_queue_repair keeps a leased block of the dead that the queue reaches, where
  * it is; nothing is left to give back. Either way each block ends up queued
  * once, in order, ahead of whatever was queued meanwhile.
  *

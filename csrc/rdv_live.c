@@ -1,7 +1,6 @@
 /* Layer 2: the process table's entries and their liveness (see rdv_live.h). */
 #include <errno.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "rdv_atomic.h"
 #include "rdv_live.h"
@@ -18,7 +17,7 @@ int rdv_live_take(rdv_t *h, uint32_t entry) {
         return -EBUSY;
     if (rdv_byte_lock(h->fd, entry) == 0)
         return 0;
-    __atomic_store_n(&h->reclaiming[entry], 0, __ATOMIC_RELEASE); /* as in rdv_live_give_back */
+    smp_store_release(&h->reclaiming[entry], 0); /* as in rdv_live_give_back */
     return -EBUSY;
 }
 
@@ -26,14 +25,14 @@ void rdv_live_give_back(rdv_t *h, uint32_t entry) {
     rdv_byte_unlock(h->fd, entry);
     /* release, process-local: our work on the entry happens before the next
      * thread of ours that claims it */
-    __atomic_store_n(&h->reclaiming[entry], 0, __ATOMIC_RELEASE);
+    smp_store_release(&h->reclaiming[entry], 0);
 }
 
 int rdv_live_alive(rdv_t *h, uint32_t entry) {
     /* relaxed, process-local: a thread of ours acting for the entry (a dead
      * one being reclaimed) is as good as its process for lock waiters */
     return entry == h->me ||
-           (entry < RDV_MAX_PROCS && __atomic_load_n(&h->reclaiming[entry], __ATOMIC_RELAXED)) ||
+           (entry < RDV_MAX_PROCS && READ_ONCE(h->reclaiming[entry])) ||
            rdv_live_held_elsewhere(h, entry);
 }
 
@@ -48,7 +47,7 @@ int rdv_live_claim(rdv_t *h) {
             rdv_byte_unlock(h->fd, i);
             continue;
         }
-        p->pid = (uint32_t)getpid();
+        p->pid = (uint32_t)rdv_pid();
         p->attached_ns = rdv_wall_ns();
         memset(p->waits, 0, sizeof p->waits);
         p->mark_state = 0; /* zero already, unless damaged: no change of ours in flight */

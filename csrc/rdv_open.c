@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include "rdv_arena.h"
+#include "rdv_atomic.h"
 #include "rdv_live.h"
 #include "rdv_open.h"
+#include "rdv_os.h"
 #include "rdv_recover.h"
 #include "rdv_segment.h"
 
@@ -56,9 +58,8 @@ static rdv_t *retired;
 void rdv_close(rdv_t *h) {
     uint32_t open_ = 0;
     /* process-local, relaxed: only makes close idempotent; rdv_put orders the unmap */
-    if (h && __atomic_compare_exchange_n(&h->closed, &open_, 1, 0, __ATOMIC_RELAXED,
-                                         __ATOMIC_RELAXED)) {
-        h->next_retired = __atomic_exchange_n(&retired, h, __ATOMIC_RELAXED);
+    if (h && rdv_cas(&h->closed, &open_, 1, __ATOMIC_RELAXED)) {
+        h->next_retired = rdv_exchange(&retired, h, __ATOMIC_RELAXED);
         rdv_put(h);
     }
 }
@@ -68,7 +69,7 @@ uint64_t rdv_capacity(rdv_t *h) { return h->cap; }
 /* This process's pid, kept current across fork without a syscall per call. */
 static pid_t current_pid;
 
-static void refresh_pid(void) { current_pid = getpid(); }
+static void refresh_pid(void) { current_pid = rdv_pid(); }
 
 __attribute__((constructor)) static void watch_forks(void) {
     refresh_pid();
@@ -85,20 +86,20 @@ int rdv_get(rdv_t *h) {
         return -EBADF;
     /* process-local count; relaxed: the mapping it protects was set up before
      * the handle was handed out */
-    int64_t r = __atomic_load_n(&h->refs, __ATOMIC_RELAXED);
+    int64_t r = READ_ONCE(h->refs);
     do {
         if (r == 0)
             return -EBADF; /* closed and unmapped */
-    } while (!__atomic_compare_exchange_n(&h->refs, &r, r + 1, 0, __ATOMIC_ACQUIRE,
-                                          __ATOMIC_RELAXED));
+    } while (!rdv_cas(&h->refs, &r, r + 1, __ATOMIC_ACQUIRE));
     return 0;
 }
 
 void rdv_put(rdv_t *h) {
     if (rdv_forked(h))
         return; /* the parent's: leave its entry, views and blocks alone */
-    /* acq_rel: every access through the mapping happens before the unmap */
-    if (__atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+    /* acq_rel: every access through the mapping happens before the unmap;
+     * the old value 1 means this was the last reference */
+    if (rdv_fetch_add(&h->refs, -1, __ATOMIC_ACQ_REL) == 1) {
         rdv_recover_own(h);
         rdv_live_release(h);
         rdv_segment_unmap(h);

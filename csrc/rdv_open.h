@@ -4,6 +4,8 @@
 #ifndef RDV_OPEN_H
 #define RDV_OPEN_H
 
+#include <errno.h>
+
 #include "rdv_handle.h"
 
 /* References on a handle's mapping. A handle struct is never freed (a few

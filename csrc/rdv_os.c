@@ -34,6 +34,8 @@ uint32_t rdv_cpu(void) {
 
 void rdv_yield(void) { sched_yield(); }
 
+int rdv_pid(void) { return getpid(); }
+
 int rdv_futex_wait(uint32_t *kword, uint32_t expected, int64_t timeout_ns) {
     struct timespec ts, *tsp = NULL;
     if (timeout_ns != INT64_MAX) {

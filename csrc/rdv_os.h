@@ -11,6 +11,7 @@ int64_t rdv_now_ns(void);      /* CLOCK_MONOTONIC */
 uint64_t rdv_wall_ns(void);    /* CLOCK_REALTIME, for humans */
 uint32_t rdv_cpu(void);        /* the CPU this thread runs on now */
 void rdv_yield(void);
+int rdv_pid(void);          /* getpid() */
 
 /* FUTEX_WAIT on a shared word: 0 when woken or the word differs, -ETIMEDOUT,
  * -EINTR. timeout_ns INT64_MAX: no timeout. */

@@ -9,7 +9,6 @@
 #include "rdv_atomic.h"
 #include "rdv_index.h"
 #include "rdv_lock.h"
-#include "rdv_os.h"
 #include "rdv_queue.h"
 #include "rdv_wait.h"
 

@@ -113,7 +113,7 @@ int rdv_recover_dead(rdv_t *h, uint32_t *reclaimed) {
         /* acquire: pairs with the release of ALIVE/FREE */
         uint32_t st = smp_load_acquire(&p->state);
         if (st != RDV_PROC_FREE) {
-            uint32_t r = __atomic_fetch_add(&h->reaped, 1, __ATOMIC_RELAXED); /* process-local */
+            uint32_t r = rdv_fetch_add(&h->reaped, 1, __ATOMIC_RELAXED); /* process-local */
             if (r < 16)
                 h->reaped_pids[r] = READ_ONCE(p->pid);
             WRITE_ONCE(p->state, RDV_PROC_RECLAIMING); /* for shmrdv ls */

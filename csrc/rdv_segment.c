@@ -1,7 +1,6 @@
 /* Layer 2: creating, validating and mapping a rendezvous segment. */
 #include <errno.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "rdv_atomic.h"
 #include "rdv_os.h"
@@ -48,7 +47,7 @@ static int map_segment(int fd, const struct layout *l, rdv_t **out) {
     h->slot_mask = l->slots - 1;
     h->spin_ns = RDV_INITIAL_SPIN_NS;
     h->refs = 1;
-    h->pid = getpid();
+    h->pid = rdv_pid();
     pthread_mutex_init(&h->mark_lock, NULL);
     /* our own descriptor: it carries our process-table byte lock */
     h->fd = rdv_dup(fd);
@@ -127,7 +126,7 @@ int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **o
     khdr->arena_off = l.arena_off;
     khdr->arena_size = l.arena_size;
     khdr->max_keys = max_keys;
-    khdr->creator_pid = (uint32_t)getpid();
+    khdr->creator_pid = (uint32_t)rdv_pid();
     rdv_random(khdr->hash_seed, sizeof khdr->hash_seed);
     return 0;
 }

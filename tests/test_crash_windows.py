@@ -1,60 +1,15 @@
-"""A process killed between the atomic steps of an arena operation: reserving at the tail
-(claim, tail move, publish) or reclaiming at the head (claim, head move, clear). The segment
-is put in the state such a death leaves, through its bytes (a test knows the layout), and
-the rendezvous must finish or undo the dead process's step and go on."""
-import mmap
-import struct
-
+"""A process killed in the middle of an arena step, holding the arena's lock: before the one
+store that changes the chain of start tags, or after it and before the derived state (free
+lists, END tags, counters) caught up. The segment is put in the state such a death leaves,
+through its bytes (tests/segment_bytes.py knows the layout), and the next process that needs
+the lock must find the holder dead, rebuild the allocator from the chain and go on."""
 import numpy as np
 import pytest
 
-from .conftest import segment_path
-
-DEAD = 100  # a process-table entry that no live process holds
-GRANULE = 64
-CLAIM = 0xC0000000
-FREE = 0x80000000
-OP_ALLOC, OP_RECLAIM = 1, 2
-
-
-class Segment:
-    def __init__(self, name):
-        self._file = open(segment_path(name), "r+b")
-        self.mem = mmap.mmap(self._file.fileno(), 0)
-        self.side_off, self.arena_off, self.cap = struct.unpack_from("<QQQ", self.mem, 40)
-
-    def close(self):
-        self.mem.close()
-        self._file.close()
-
-    def u64(self, off, value=None):
-        if value is not None:
-            struct.pack_into("<Q", self.mem, off, value)
-        return struct.unpack_from("<Q", self.mem, off)[0]
-
-    def side(self, pos, value=None):
-        off = self.side_off + 4 * ((pos % self.cap) // GRANULE)
-        if value is not None:
-            struct.pack_into("<I", self.mem, off, value)
-        return struct.unpack_from("<I", self.mem, off)[0]
-
-    @property
-    def tail(self):
-        return self.u64(128)
-
-    @tail.setter
-    def tail(self, value):
-        self.u64(128, value)
-
-    @property
-    def head(self):
-        return self.u64(192)
-
-    def dead_process_in_step(self, kind, pos, val):
-        """Entry DEAD: registered (ALIVE) but nobody holds its lock, mid-step."""
-        entry = 4096 + 256 * DEAD
-        struct.pack_into("<II", self.mem, entry, 1, 999_999)  # state ALIVE, pid
-        struct.pack_into("<IIQ", self.mem, entry + 16, kind, val, pos)
+from .segment_bytes import (
+    BUSY, CTL_LOCK, CTL_SEQ, DEAD, DELIVERED, END, FREE, GRANULE_BITS, MSG_POS, OWNER, STAGE,
+    WRITING, Segment, class_of,
+)
 
 
 @pytest.fixture
@@ -70,56 +25,76 @@ def _round_trip(rdv, n=20):
         assert rdv.recv("after", timeout=5)[0] == i
 
 
-@pytest.mark.timeout(60)
-def test_died_after_claiming_the_tail(rdv, seg):
-    rdv.send("warm", np.arange(10))
-    rdv.recv("warm", timeout=5)
-    t = seg.tail
-    seg.dead_process_in_step(OP_ALLOC, t, 4)
-    seg.side(t, CLAIM | DEAD)
-    _round_trip(rdv)  # the next producer waits on the claim, finds it dead, undoes it
-    assert rdv.stats().bytes_used == 0 and seg.side(t) != CLAIM | DEAD
+def _dead_holds_the_lock(seg):
+    seg.dead_entry()
+    seg.ctl(CTL_LOCK, DEAD + 1)
 
 
 @pytest.mark.timeout(60)
-def test_died_after_moving_the_tail(rdv, seg):
-    t = seg.tail
-    seg.dead_process_in_step(OP_ALLOC, t, 4)
-    seg.side(t, CLAIM | DEAD)
-    seg.tail = t + 4 * GRANULE  # its reservation, never published
-    assert rdv.collect_garbage() == 1
-    assert seg.side(t) == 4 | FREE or seg.head > t  # published as free padding (maybe passed already)
+def test_died_cutting_a_block_before_publishing_it(rdv, seg):
+    G, n = seg.granules, 20
+    # The remainder's tags written and the block off its list; the start tag still says FREE.
+    seg.unlist(G)
+    seg.side(n, FREE | (G - n))
+    seg.side(G - 1, END | (G - n))
+    _dead_holds_the_lock(seg)
+    _round_trip(rdv)  # the next producer spins on the lock, finds its holder dead, repairs
+    seg.check_allocator()
+    assert rdv.stats().bytes_used == 0 and rdv.stats().largest_free == rdv.capacity
+
+
+@pytest.mark.timeout(60)
+def test_died_after_publishing_a_block_it_never_wrote(rdv, seg):
+    G, n = seg.granules, 20
+    seg.unlist(G)
+    seq = seg.ctl(CTL_SEQ, size=8)
+    pos = seq << GRANULE_BITS
+    seg.u64(seg.block(0) + MSG_POS, pos)  # the header names the dead as the writer
+    seg.mem[seg.block(0) + STAGE] = WRITING
+    seg.u32(seg.block(0) + OWNER, DEAD + 1)
+    seg.side(n, FREE | (G - n))
+    seg.side(G - 1, END | (G - n))
+    seg.side(0, BUSY | n)  # published; the remainder never listed, the counters never moved
+    _dead_holds_the_lock(seg)
+    assert rdv.collect_garbage() == 1  # repairs the arena, then frees the dead's block
+    seg.check_allocator()
+    assert rdv.stats().bytes_used == 0 and rdv.stats().largest_free == rdv.capacity
     _round_trip(rdv)
-    assert rdv.stats().bytes_used == 0
 
 
 @pytest.mark.timeout(60)
-def test_died_claiming_a_free_block_behind_a_pending_one(rdv, seg):
-    rdv.send("first", np.arange(100))  # pending at the head: the ring cannot pass it
-    rdv.send("second", np.arange(100))
-    rdv.recv("second", timeout=5)  # freed, behind "first"
-    second = next(p for p in range(seg.head, seg.tail, GRANULE) if seg.side(p) & FREE)
-    value = seg.side(second)
-    # It read a stale head, claimed this FREE entry, and died before its head CAS failed.
-    seg.dead_process_in_step(OP_RECLAIM, second, value)
-    seg.side(second, CLAIM | DEAD)
-    assert rdv.collect_garbage() == 1
-    assert seg.side(second) == value  # given back
-    rdv.recv("first", timeout=5)
-    assert rdv.stats().bytes_used == 0  # both reclaimed
+def test_died_freeing_after_the_merge_was_published(rdv, seg):
+    for key in ("p", "b", "c"):
+        rdv.send(key, np.arange(100))
+    (gp, _, n), (gb, _, nb), _c, _rest = seg.check_allocator()
+    rdv.recv("p", timeout=5)  # dropped at once: p's block is free, on a list
+    # Make b a view the dead process had received (off its queue, delivered to it) ...
+    slot = seg.slot_with_head(gb)
+    for field in (40, 44, 48):  # q_head, q_tail, count
+        seg.u32(slot + field, 0)
+    seg.mem[seg.block(gb) + STAGE] = DELIVERED
+    seg.u32(seg.block(gb) + OWNER, DEAD + 1)
+    # ... and was freeing: p's block off its list, the merge published, nothing after it.
+    seg.unlist(n)
+    seg.side(gb + nb - 1, END | (n + nb))
+    seg.side(gp, FREE | (n + nb))
+    _dead_holds_the_lock(seg)
+    assert rdv.recv("c", timeout=5)[99] == 99  # dropping it waits on the lock: the dead is reclaimed
+    seg.check_allocator()
+    assert rdv.collect_garbage() == 0 and rdv.try_recv("b") is None
+    _round_trip(rdv)
+    assert rdv.stats().bytes_used == 0 and rdv.stats().live_blocks == 0
+    seg.check_allocator()
 
 
 @pytest.mark.timeout(60)
-def test_died_after_moving_the_head(rdv, seg):
-    rdv.send("k", np.arange(100))
-    rdv.recv("k", timeout=5)
-    behind = seg.head - GRANULE  # behind the head now
-    seg.dead_process_in_step(OP_RECLAIM, behind, 1 | FREE)
-    seg.side(behind, CLAIM | DEAD)
-    assert rdv.collect_garbage() == 1
-    assert seg.side(behind) == 0  # its claim cleared
-    # Wrap the ring round past that granule.
-    for i in range(4 * rdv.capacity // (64 * 1024)):
-        rdv.send("wrap", np.zeros(8 * 1024))
-        rdv.recv("wrap", timeout=5)
-    assert rdv.stats().bytes_used == 0
+def test_damaged_free_lists_are_rebuilt(rdv, seg):
+    rdv.send("x", np.arange(100))
+    blocks = seg.check_allocator()
+    g_busy = blocks[0][0]
+    g_free, _, n_free = blocks[1]
+    f, s = class_of(n_free)
+    seg.u32(seg.heads(f, s), g_busy + 1)  # a list that points at a busy block
+    _round_trip(rdv)  # noticed when taking the block off the list: rebuilt, then allocated
+    seg.check_allocator()
+    assert rdv.recv("x", timeout=5)[99] == 99

@@ -39,7 +39,7 @@ def _regions(data: bytes) -> list:
     process table, the key index, the side table (offsets from the header)."""
     field = lambda at: int.from_bytes(data[at : at + 8], "little")  # noqa: E731
     index_off, side_off, arena_off = field(24), field(40), field(48)
-    return [(0, 1024), (4096, index_off), (index_off, side_off), (side_off, arena_off)]
+    return [(0, 8192), (8192, index_off), (index_off, side_off), (side_off, arena_off)]
 
 
 def _exercise(name: str) -> None:

@@ -18,14 +18,9 @@ from shmrdv._binding import ffi, lib
 
 from . import workers
 from .conftest import MiB, kill_process, only_me, wait_for
-from .test_crash_windows import DEAD, GRANULE, Segment
+from .segment_bytes import DEAD, DELIVERED, FLAGS, GRANULE, LEASED, OWNER, QUEUED, STAGE, Segment, granule_of
 
 QUEUE_TIMEOUT = 30
-ENTRY = 4096 + 256 * DEAD  # the dead receiver's process-table entry
-ISLANDS = 5 * 64 + 1024 + 8  # header offset of the island table (64 words)
-STAGE, OWNER, FLAGS = 31, 36, 38  # in a message block header
-QUEUED, DELIVERED = 2, 3
-LEASED = 1
 Q_HEAD, Q_TAIL, COUNT = 40, 44, 48  # in a key slot
 
 
@@ -172,7 +167,7 @@ def _lease_raw(rdv, key):
 
 
 def _block(seg, pos, stage=None, owner=None, flags=None):
-    at = seg.arena_off + pos % seg.cap
+    at = seg.block(granule_of(pos))
     for off, fmt, value in ((STAGE, "<B", stage), (OWNER, "<H", owner), (FLAGS, "<H", flags)):
         if value is not None:
             struct.pack_into(fmt, seg.mem, at + off, value)
@@ -181,14 +176,14 @@ def _block(seg, pos, stage=None, owner=None, flags=None):
 
 def _link(seg, pos, value=None):
     """A block's next link (granule + 1)."""
-    at = seg.arena_off + pos % seg.cap
+    at = seg.block(granule_of(pos))
     if value is not None:
         struct.pack_into("<I", seg.mem, at, value)
     return struct.unpack_from("<I", seg.mem, at)[0]
 
 
 def _g(seg, pos):
-    return (pos % seg.cap) // GRANULE + 1
+    return granule_of(pos) + 1
 
 
 def _live_slot(seg):
@@ -200,7 +195,7 @@ def _live_slot(seg):
 
 def _dead_entry(seg):
     """Entry DEAD: registered (ALIVE) but nobody holds its lock."""
-    struct.pack_into("<II", seg.mem, ENTRY, 1, 999_999)
+    seg.dead_entry()
 
 
 def _to_dead(seg, *positions):
@@ -261,7 +256,7 @@ def test_a_reclaimer_that_died_after_the_commit_point_is_repaired_in_order(rdv, 
 def test_died_in_a_pop_before_unlinking(rdv, seg, leased):
     _send_values(rdv, "k", [0, 1])
     slot = _live_slot(seg)
-    head = (struct.unpack_from("<I", seg.mem, slot + Q_HEAD)[0] - 1) * GRANULE
+    head = struct.unpack_from("<I", seg.mem, slot + Q_HEAD)[0] - 1  # a granule, as a position
     # Owner, flags and stage written, the queue not moved on yet, the slot lock held.
     _block(seg, head, stage=DELIVERED, owner=DEAD + 1, flags=LEASED if leased else 0)
     _dead_entry(seg)
@@ -303,27 +298,22 @@ def test_a_lease_with_no_room_in_the_key_index_is_freed_and_counted(rdv_name):
             seg.close()
 
 
-def _islands(seg):
-    return [w for w in struct.unpack_from("<64Q", seg.mem, ISLANDS) if w]
-
-
-def _wrap_ring(rdv):
-    """Send and receive enough to take the ring round more than once."""
+def _wrap_arena(rdv):
+    """Send and receive enough to reuse the whole arena more than once."""
     for i in range(3 * rdv.capacity // (256 * 1024)):
         rdv.send("wrap", np.full(256 * 1024 // 8 - 64, i, dtype=np.uint64))
         assert rdv.recv("wrap", timeout=5)[0] == i
 
 
 @pytest.mark.timeout(60)
-def test_a_leased_island_goes_back_and_is_freed_when_received(rdv, seg):
+def test_a_long_held_lease_goes_back_and_is_freed_when_received(rdv, seg):
     _send_values(rdv, "k", [0])
     leased = _lease_raw(rdv, "k")
-    _wrap_ring(rdv)  # the head steps over the held view: an island
-    assert len(_islands(seg)) == 1
+    _wrap_arena(rdv)  # the space around the held view is reused, again and again
     _send_values(rdv, "k", [1])
     _to_dead(seg, leased)
     assert rdv.collect_garbage() == 1
-    assert _block(seg, leased) == (QUEUED, (0, 0)) and len(_islands(seg)) == 1  # a queued island
+    assert _block(seg, leased) == (QUEUED, (0, 0))
     # Leased again by one who dies too, given back again.
     assert _lease_raw(rdv, "k") == leased
     _to_dead(seg, leased)
@@ -331,12 +321,28 @@ def test_a_leased_island_goes_back_and_is_freed_when_received(rdv, seg):
     assert rdv.collect_garbage() == 1
     view = rdv.recv("k", timeout=5, lease=True)
     assert _value(view) == 0
-    del view  # unpinned
-    assert _islands(seg) == []
+    del view
     assert _drain(rdv, "k", _value) == [1, 2]
     assert rdv.stats().bytes_used == 0
-    _wrap_ring(rdv)
+    _wrap_arena(rdv)
     assert rdv.stats().bytes_used == 0 and only_me(rdv)
+
+
+@pytest.mark.timeout(60)
+def test_leases_go_back_in_allocation_order_not_arena_order(rdv, seg):
+    third = rdv.capacity // 3
+    rdv.send("front", np.zeros(third // 8))  # the front of the arena
+    _send_values(rdv, "k", [0])  # after it
+    rest = rdv.stats().largest_free  # the rest of the arena, after the cursor
+    rdv.send("back", np.zeros((rest - 256) // 8), timeout=5)  # fills it: nothing fits after it
+    rdv.recv("front", timeout=5)  # dropped at once: the front is free again
+    _send_values(rdv, "k", [1])  # allocated later, placed earlier
+    leased = [_lease_raw(rdv, "k"), _lease_raw(rdv, "k")]
+    assert granule_of(leased[1]) < granule_of(leased[0])
+    _to_dead(seg, *leased)
+    assert rdv.collect_garbage() == 1
+    assert _drain(rdv, "k", _value) == [0, 1]
+    rdv.recv("back", timeout=5)
 
 
 # ---- a forwarder SIGKILLed over and over ------------------------------------------------

@@ -17,12 +17,10 @@ import shmrdv
 from shmrdv.rendezvous import MAX_MARKS
 
 from .conftest import only_me, wait_for
-from .test_crash_windows import DEAD, Segment
+from .segment_bytes import DEAD, MARK_RECORD, MARKS, Segment, granule_of
 
 ID = 0x5EED_0000_0001  # a mark id: which producer the mark belongs to
-MARKS = 1864  # header offset of marks[0] (after the island table); 32 B each
-ENTRY = 4096 + 256 * DEAD  # the dead producer's process-table entry
-MARK_RECORD = 216  # in an entry: mark_state, pad, mark_pos, mark_prev[3] (after 46 wait records)
+ENTRY = Segment.entry(None, DEAD)  # the dead producer's process-table entry
 WRITING, QUEUED = 1, 2
 NO_MESSAGE = (1 << 64) - 1  # mark_pos of a plain set_mark
 
@@ -43,7 +41,7 @@ def _dead_producer_changing(seg, idx, pos, prev, new):
 
 def _block(seg, pos, stage, owner):
     """Set a message block's stage and owner (entry + 1) as its writer would have."""
-    at = seg.arena_off + pos % seg.cap
+    at = seg.block(granule_of(pos))
     struct.pack_into("<B", seg.mem, at + 31, stage)
     struct.pack_into("<H", seg.mem, at + 36, owner)
 
@@ -59,7 +57,7 @@ def _lock_slot_of(seg, rdv):
 def _reserve(rdv, seg, key, value):
     """Reserve and fill a one-element block as a producer would before committing; the
     position it got, and the buffer (whose reference keeps the handle's mapping)."""
-    pos = seg.tail
+    pos = seg.next_pos
     buf = rdv.alloc(key, (1,), np.uint64).__enter__()  # never exited: the commit is the test's
     buf[0] = value
     return pos, buf
@@ -177,7 +175,7 @@ def test_died_before_the_commit_point_rolls_the_mark_back(rdv, seg):
 @pytest.mark.timeout(60)
 def test_died_after_the_commit_point_keeps_the_mark(rdv, seg):
     rdv.set_mark(0, ID, 4, 0)
-    pos = seg.tail
+    pos = seg.next_pos
     rdv.send("k", np.array([5], dtype=np.uint64))  # queued: committed
     _dead_producer_changing(seg, 0, pos, prev=(ID, 4, 0), new=(ID, 5, 0))
     assert rdv.collect_garbage() == 1
@@ -189,7 +187,7 @@ def test_died_after_the_commit_point_keeps_the_mark(rdv, seg):
 @pytest.mark.timeout(60)
 def test_a_commit_already_received_keeps_the_mark(rdv, seg):
     rdv.set_mark(0, ID, 4, 0)
-    pos = seg.tail
+    pos = seg.next_pos
     rdv.send("k", np.array([5], dtype=np.uint64))
     assert _drain(rdv, "k") == [5]  # delivered and freed before the producer's death was noticed
     _dead_producer_changing(seg, 0, pos, prev=(ID, 4, 0), new=(ID, 5, 0))

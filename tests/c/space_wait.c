@@ -6,11 +6,11 @@
  * MESSAGES messages each with no timeout at all (a lost wake-up hangs them
  * rather than being covered by a later retry). The parent receives until it
  * holds SLOTS views (the arena is full, every producer blocked), then, round
- * after round, releases one to three held views chosen at random (so the
- * head steps over the others as islands) and expects exactly as many
- * messages, each within ROUND_TIMEOUT_NS. Sometimes it first takes a freed
- * slot itself with rdv_send_begin and discards it a while later: the head
- * then stops at a block being written, and only the discard makes room.
+ * after round, releases one to three held views chosen at random (so space
+ * is freed in any order, between blocks still held) and expects exactly as
+ * many messages, each within ROUND_TIMEOUT_NS. Sometimes it first takes a
+ * freed slot itself with rdv_send_begin and discards it a while later: then
+ * only the discard makes room.
  * Before each release it waits a random while, none to a few milliseconds,
  * so that a release finds the producers anywhere: in their attempt,
  * spinning, asleep. Every payload names its producer and sequence number
