@@ -1,4 +1,5 @@
-"""``shmrdv ls``: every rendezvous segment on this machine, its size and use,
+"""``shmrdv ls``: every rendezvous segment on this machine, its size and use
+(live bytes and blocks, free bytes, the largest free block),
 and the processes attached to it, alive or dead. Looking attaches, and
 attaching reclaims what dead processes held: those show as "dead, reclaimed"."""
 import argparse
@@ -18,7 +19,8 @@ def run(args: argparse.Namespace) -> int:
     if not names:
         print("no shmrdv segments in /dev/shm")
         return 0
-    print(f"{'NAME':<32} {'FILE':>10} {'USED':>10} {'ARENA':>10} {'PENDING':>8} {'KEYS':>6}  PROCESSES")
+    print(f"{'NAME':<32} {'FILE':>10} {'ARENA':>10} {'LIVE':>10} {'BLOCKS':>7} {'FREE':>10} {'LARGEST':>10} "
+          f"{'PENDING':>8} {'KEYS':>6}  PROCESSES")
     for name in names:
         try:
             size = os.path.getsize(segment_path(name))
@@ -28,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:<32} unreadable: {exc}")
             continue
         who = [f"{p.pid}{'' if p.alive else ' (dead)'}" for p in procs] + [f"{pid} (dead, reclaimed)" for pid in dead]
-        print(f"{name:<32} {human_bytes(size):>10} {human_bytes(st.bytes_used):>10} {human_bytes(st.capacity):>10} "
+        print(f"{name:<32} {human_bytes(size):>10} {human_bytes(st.capacity):>10} {human_bytes(st.bytes_used):>10} "
+              f"{st.live_blocks:>7} {human_bytes(st.bytes_free):>10} {human_bytes(st.largest_free):>10} "
               f"{st.pending_messages:>8} {st.keys:>6}  {', '.join(who) or 'none'}{'  ABORTED' if st.aborted else ''}")
     return 0

@@ -1,4 +1,6 @@
-"""``shmrdv stat NAME``: one rendezvous in detail: arena use, keys with
+"""``shmrdv stat NAME``: one rendezvous in detail: arena use (live bytes and
+blocks, free bytes, the largest free block: the largest message block that
+fits now), keys with
 their pending messages and waiters, and what each attached process holds."""
 import argparse
 import os
@@ -17,7 +19,8 @@ def run(args: argparse.Namespace) -> int:
     with Rendezvous(args.name, create=False) as rdv:
         st, keys, procs, dead = rdv.stats(), rdv.keys(), others(rdv.processes(), os.getpid()), rdv.reclaimed_pids()
     print(f"rendezvous {args.name}{'  (ABORTED)' if st.aborted else ''}")
-    print(f"  arena     {human_bytes(st.bytes_used)} used of {human_bytes(st.capacity)} ({human_bytes(st.bytes_free)} free)")
+    print(f"  arena     {human_bytes(st.capacity)}: {human_bytes(st.bytes_used)} live in {st.live_blocks} blocks, "
+          f"{human_bytes(st.bytes_free)} free, largest free block {human_bytes(st.largest_free)}")
     print(f"  messages  {st.pending_messages} pending on {st.keys} keys (index holds {st.max_keys}); {st.waiters} waiting receivers")
     if keys:
         print(f"  keys ({min(len(keys), args.keys)} of {len(keys)}):")

@@ -18,7 +18,8 @@ class Stats:
     """Arena bytes in live blocks: pending messages, messages being written
     (a send in progress, an open ``alloc``), and received views still held.
     A block is its message plus its header, rounded up to 64 bytes (256 at
-    the least)."""
+    the least), and up to 192 bytes more when the free run it is cut from
+    would leave less than 256 bytes behind."""
     bytes_free: int
     """Arena bytes in free blocks: ``bytes_used + bytes_free == capacity``."""
     largest_free: int

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import shmrdv
+from shmrdv.segments import human_bytes
 
 from . import workers
 from .conftest import segment_path
@@ -68,3 +69,39 @@ def test_stat_and_rm_of_a_missing_rendezvous(rdv_name):
     assert code != 0 and "no such rendezvous" in out
     code, out = shmrdv_cli("rm", rdv_name)
     assert code == 1 and "no such rendezvous" in out
+
+
+def test_stat_and_ls_show_live_and_free_space(rdv):
+    """A fragmented arena (a hole, pending messages, a held view, an open
+    alloc): stat and ls print live bytes, live blocks, free bytes and the
+    largest free block, as stats() has them."""
+    rdv.send("hole", np.zeros(1 << 20, dtype=np.uint8))
+    rdv.send("pending", np.arange(10_000))
+    rdv.recv("hole", timeout=5)  # freed at once: a 1 MiB hole before "pending"
+    rdv.send("held", np.arange(3_000, dtype=np.float32))
+    view = rdv.recv("held", timeout=5)
+    with rdv.alloc("open", (200_000,), np.uint8, timeout=5):
+        st = rdv.stats()
+        assert st.live_blocks == 3 and 0 < st.largest_free < st.bytes_free < st.capacity, st
+        code, stat_out = shmrdv_cli("stat", rdv.name)
+        code_ls, ls_out = shmrdv_cli("ls")
+        assert rdv.stats() == st  # looking changed nothing
+    del view
+    assert code == 0, stat_out
+    arena = next(line for line in stat_out.splitlines() if line.strip().startswith("arena"))
+    assert f"{human_bytes(st.bytes_used)} live in 3 blocks" in arena, arena
+    assert f"{human_bytes(st.bytes_free)} free" in arena, arena
+    assert f"largest free block {human_bytes(st.largest_free)}" in arena, arena
+    assert human_bytes(st.capacity) in arena, arena
+
+    assert code_ls == 0, ls_out
+    header = next(line for line in ls_out.splitlines() if line.startswith("NAME"))
+    assert header.split()[:9] == ["NAME", "FILE", "ARENA", "LIVE", "BLOCKS", "FREE", "LARGEST", "PENDING", "KEYS"], header
+    line = next(line for line in ls_out.splitlines() if line.startswith(rdv.name))
+    cells = line[len(rdv.name):].split()
+    # FILE, ARENA, LIVE, BLOCKS, FREE, LARGEST, PENDING, KEYS (sizes are "<number> <unit>")
+    assert cells[2:4] == human_bytes(st.capacity).split(), line
+    assert cells[4:6] == human_bytes(st.bytes_used).split() and cells[6] == "3", line
+    assert cells[7:9] == human_bytes(st.bytes_free).split(), line
+    assert cells[9:11] == human_bytes(st.largest_free).split(), line
+    assert cells[11:13] == ["1", "1"], line  # one pending message, on one key
