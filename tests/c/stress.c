@@ -21,7 +21,17 @@
  * far side acknowledging) and releases it; the parent queues more and kills
  * it at random, again and again. Every number must be forwarded or still
  * queued at the end, in order, and only a number a killed forwarder held
- * may be forwarded twice. */
+ * may be forwarded twice.
+ *
+ * Then allocation and free under SIGKILL: churners loop sends and receives
+ * of random sizes on keys of their own, with bursts of rdv_send_begin /
+ * rdv_send_discard, so that they spend much of their time inside
+ * rdv_arena_alloc and rdv_arena_free under the arena lock; the parent
+ * kills one at a random moment and starts another, 200 times, while it
+ * sends and receives checksummed messages on keys of its own. Everything
+ * the parent receives must check out, and once it has drained every key
+ * (after rdv_gc) the arena must be empty: the dead churners' blocks,
+ * whatever step they died in, reclaimed. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -32,9 +42,12 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
-#include "shmrdv.h"
+/* shmrdv.h, through the handle's layout: the churn's report tells whether a
+ * churner died holding the arena lock (shmrdv.h has no include guard) */
+#include "rdv_handle.h"
 
 #define PRODUCERS 2
 #define CONSUMERS 2
@@ -49,6 +62,12 @@
 #define LEASE_KILLS 100
 #define LEASE_BATCH 50 /* messages queued per forwarder */
 #define LEASED_KEY "/job:stress/task:0;leased;0:0"
+#define CHURN_KILLS 200
+#define CHURNERS 2
+#define CHURN_KEYS 2        /* per churner */
+#define CHURN_MAX_WORDS 8192 /* up to 64 KiB payloads */
+#define OWN_KEYS 4          /* the parent's, during the churn */
+#define OWN_MAX_WORDS 2048
 
 static uint64_t rng(uint64_t *s) {
     *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
@@ -314,6 +333,278 @@ static int leased_kill_loop(rdv_t *h, const char *name) {
     return failed || rc != -EAGAIN || again > LEASE_KILLS;
 }
 
+/* A message of n words: n, n - 2 random words, their sum; returns the sum. */
+static uint64_t fill_words(uint64_t *words, uint32_t n, uint64_t *seed) {
+    uint64_t x = 0;
+    words[0] = n;
+    for (uint32_t j = 1; j < n - 1; j++)
+        x += words[j] = rng(seed);
+    words[n - 1] = x;
+    return x;
+}
+
+/* 0 with *sum = its checksum if the message is one of fill_words'. */
+static int check_words(const struct rdv_msg_info *info, uint64_t *sum) {
+    const uint64_t *w = info->payload;
+    *sum = 0;
+    if (info->nbytes < 16 || info->nbytes % 8 || info->ndim != 1)
+        return -1;
+    uint64_t n = w[0], x = 0;
+    if (info->nbytes != 8 * n || info->dims[0] != (int64_t)n)
+        return -1;
+    for (uint64_t j = 1; j < n - 1; j++)
+        x += w[j];
+    *sum = x;
+    return x == w[n - 1] ? 0 : -1;
+}
+
+/* 2 .. max words, log-uniform: mostly small, so that alloc and free are
+ * much of the work. */
+static uint32_t random_words(uint64_t *seed, uint32_t max) {
+    uint32_t bits = 1 + (uint32_t)(rng(seed) % 12), n = 2 + (uint32_t)(rng(seed) % (1u << bits));
+    return n > max ? max : n;
+}
+
+static int send_words(rdv_t *h, const char *key, const uint64_t *words, uint32_t n) {
+    int64_t shape[1] = {n}, strides[1] = {8};
+    return rdv_send(h, key, strlen(key), "<u8", 3, 1, shape, strides, words, 8ull * n, TIMEOUT_NS);
+}
+
+static void churn_key(char *buf, int c, int k) { snprintf(buf, 64, "/job:stress/task:0;churn-%d-%d;0:0", c, k); }
+static void own_key(char *buf, int k) { snprintf(buf, 64, "/job:stress/task:0;own-%d;0:0", k); }
+
+/* The churners' payloads: n, then the first n - 2 words of a fixed random
+ * run, then their sum (prefix sums precomputed): check_words' format,
+ * written and checked without a loop over the words. */
+static uint64_t churn_run[CHURN_MAX_WORDS], churn_prefix[CHURN_MAX_WORDS];
+
+static void churn_init(void) {
+    uint64_t seed = 0xc0ffee;
+    for (uint32_t i = 0; i < CHURN_MAX_WORDS; i++) {
+        churn_run[i] = rng(&seed);
+        churn_prefix[i] = (i ? churn_prefix[i - 1] : 0) + churn_run[i];
+    }
+}
+
+/* Until killed: sends and receives on churner c's keys, views held a
+ * while, and bursts of blocks begun and discarded in random order. */
+static void churn(const char *name, int c, int ready) {
+    rdv_t *h = attach(name); /* reclaims the churners killed before us, if nobody did */
+    uint32_t entry = h->me;
+    if (write(ready, &entry, 4) != 4)
+        _exit(1);
+    close(ready);
+    churn_init();
+    uint64_t seed = 0x5eed5eedULL ^ (uint64_t)getpid() << 20;
+    void *held[2] = {0};
+    char key[64];
+    for (;;) {
+        /* a burst: allocs and frees, nothing else */
+        uint64_t pos[12];
+        int n = 1 + (int)(rng(&seed) % 12);
+        churn_key(key, c, 0);
+        for (int i = 0; i < n; i++) {
+            int64_t shape[1] = {random_words(&seed, CHURN_MAX_WORDS)}, strides[1] = {8};
+            void *payload;
+            int rc = rdv_send_begin(h, key, strlen(key), "<u8", 3, 1, shape, strides, 8ull * shape[0], TIMEOUT_NS,
+                                    &pos[i], &payload);
+            if (rc)
+                die("churn: send_begin", rc);
+        }
+        for (int i = n; i > 0; i--) {
+            int j = (int)(rng(&seed) % (uint64_t)i);
+            int rc = rdv_send_discard(h, pos[j]);
+            if (rc)
+                die("churn: send_discard", rc);
+            rdv_unref(h);
+            pos[j] = pos[i - 1];
+        }
+        /* a message or two, sent */
+        int rc;
+        for (int i = (int)(rng(&seed) % 2); i >= 0; i--) {
+            uint32_t w = random_words(&seed, CHURN_MAX_WORDS);
+            churn_key(key, c, (int)(rng(&seed) % CHURN_KEYS));
+            int64_t shape[1] = {w}, strides[1] = {8};
+            uint64_t *payload;
+            rc = rdv_send_begin(h, key, strlen(key), "<u8", 3, 1, shape, strides, 8ull * w, TIMEOUT_NS, &pos[0],
+                                (void **)&payload);
+            if (rc)
+                die("churn: send_begin", rc);
+            payload[0] = w;
+            memcpy(payload + 1, churn_run, 8ull * (w - 2));
+            payload[w - 1] = churn_prefix[w - 3 < CHURN_MAX_WORDS ? w - 3 : 0] * (w > 2);
+            if ((rc = rdv_send_commit(h, pos[0])))
+                die("churn: send_commit", rc);
+            rdv_unref(h);
+        }
+        /* one to three taken (what a killed predecessor left queued goes
+         * too): queues stay short, but not always empty */
+        int want = 1 + (int)(rng(&seed) % 3);
+        for (int got = 0, k = 0; got < want && k < 2 * CHURN_KEYS; k++) {
+            churn_key(key, c, k % CHURN_KEYS);
+            struct rdv_msg_info info;
+            rc = rdv_recv(h, key, strlen(key), 0, NULL, &info);
+            if (rc == -EAGAIN)
+                continue;
+            if (rc)
+                die("churn: recv", rc);
+            const uint64_t *m = info.payload;
+            uint64_t mw = info.nbytes / 8;
+            if (mw < 2 || mw > CHURN_MAX_WORDS || m[0] != mw || info.nbytes != 8 * mw ||
+                m[mw - 1] != (mw > 2 ? churn_prefix[mw - 3] : 0) || (mw > 2 && m[1] != churn_run[0]))
+                die("churn: payload", -EBADMSG);
+            got++;
+            int slot = (int)(rng(&seed) % 3);
+            if (slot == 2) { /* released at once */
+                rdv_release_payload(h, info.payload);
+                continue;
+            }
+            if (held[slot] && (rc = rdv_release_payload(h, held[slot])))
+                die("churn: release", rc);
+            held[slot] = info.payload;
+        }
+    }
+}
+
+static pid_t start_churner(const char *name, int c, uint32_t *entry) {
+    int p[2];
+    pid_t pid;
+    if (pipe(p) < 0 || (pid = fork()) < 0)
+        die("fork", -errno);
+    if (pid == 0) {
+        alarm(60); /* never hang */
+        close(p[0]);
+        churn(name, c, p[1]);
+    }
+    close(p[1]);
+    if (read(p[0], entry, 4) != 4)
+        die("churner start", -EPIPE);
+    close(p[0]);
+    return pid;
+}
+
+/* The parent's own traffic: a few sends and receives, each verified. */
+struct own {
+    uint64_t seed, sent, received, sent_sum, received_sum;
+    int bad;
+};
+
+static void own_receive(rdv_t *h, struct own *o, int max) {
+    char key[64];
+    for (int k = 0, got = 0; k < OWN_KEYS && got < max; k++) {
+        own_key(key, (int)((o->received + (uint64_t)k) % OWN_KEYS));
+        struct rdv_msg_info info;
+        int rc = rdv_recv(h, key, strlen(key), 0, NULL, &info);
+        if (rc == -EAGAIN)
+            continue;
+        if (rc)
+            die("own recv", rc);
+        uint64_t sum;
+        o->bad |= check_words(&info, &sum) != 0;
+        rdv_release_payload(h, info.payload);
+        o->received++, got++;
+        o->received_sum += sum;
+        k--; /* the same key again */
+    }
+}
+
+static void own_traffic(rdv_t *h, struct own *o) {
+    static uint64_t words[OWN_MAX_WORDS];
+    char key[64];
+    int n = 1 + (int)(rng(&o->seed) % 3);
+    for (int i = 0; i < n; i++) {
+        uint32_t w = random_words(&o->seed, OWN_MAX_WORDS);
+        uint64_t sum = fill_words(words, w, &o->seed);
+        own_key(key, (int)(rng(&o->seed) % OWN_KEYS));
+        int rc = send_words(h, key, words, w);
+        if (rc)
+            die("own send", rc);
+        o->sent++;
+        o->sent_sum += sum;
+    }
+    own_receive(h, o, o->sent - o->received > 16 ? 8 : 2);
+}
+
+static int churn_kill_loop(rdv_t *h, const char *name) {
+    pid_t pids[CHURNERS];
+    uint32_t entries[CHURNERS];
+    for (int c = 0; c < CHURNERS; c++)
+        pids[c] = start_churner(name, c, &entries[c]);
+    struct own o = {.seed = 4242};
+    uint64_t seed = 31337;
+    int failed = 0, in_lock = 0;
+    for (int k = 0; k < CHURN_KILLS; k++) {
+        int c = (int)(rng(&seed) % CHURNERS);
+        /* our traffic for a random while, then the kill */
+        int64_t until = (int64_t)(rng(&seed) % 3000);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        do { /* leaving the churners most of the CPUs */
+            own_traffic(h, &o);
+            usleep(100);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+        } while ((t1.tv_sec - t0.tv_sec) * 1000000 + (t1.tv_nsec - t0.tv_nsec) / 1000 < until);
+        /* the others stopped a moment, so that none of them reclaims the
+         * victim before we look at the arena lock (a statistic) */
+        for (int i = 0; i < CHURNERS; i++)
+            if (i != c)
+                kill(pids[i], SIGSTOP);
+        kill(pids[c], SIGKILL);
+        int status;
+        waitpid(pids[c], &status, 0);
+        /* relaxed: a statistic; nobody but the stopped churners could change it */
+        in_lock += __atomic_load_n(&h->khdr->arena.lock, __ATOMIC_RELAXED) == entries[c] + 1;
+        for (int i = 0; i < CHURNERS; i++)
+            if (i != c)
+                kill(pids[i], SIGCONT);
+        if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL) {
+            fprintf(stderr, "stress: churn: churner %d ended with status 0x%x\n", c, status);
+            failed = 1;
+            break;
+        }
+        pids[c] = start_churner(name, c, &entries[c]);
+    }
+    for (int c = 0; c < CHURNERS; c++) {
+        kill(pids[c], SIGKILL);
+        waitpid(pids[c], NULL, 0);
+    }
+    uint32_t reclaimed = 0;
+    rdv_gc(h, &reclaimed);
+    /* drain: ours, verified and summed; the churners', verified */
+    while (o.received < o.sent) {
+        uint64_t before = o.received;
+        own_receive(h, &o, OWN_KEYS);
+        if (o.received == before)
+            break; /* lost */
+    }
+    own_receive(h, &o, 1); /* nothing more */
+    uint64_t leftovers = 0;
+    char key[64];
+    for (int c = 0; c < CHURNERS; c++)
+        for (int k = 0; k < CHURN_KEYS; k++) {
+            churn_key(key, c, k);
+            struct rdv_msg_info info;
+            int rc;
+            while ((rc = rdv_recv(h, key, strlen(key), 0, NULL, &info)) == 0) {
+                uint64_t sum;
+                failed |= check_words(&info, &sum) != 0;
+                rdv_release_payload(h, info.payload);
+                leftovers++;
+            }
+            failed |= rc != -EAGAIN;
+        }
+    struct rdv_stats st;
+    rdv_stats(h, &st);
+    printf("stress: churn: %d kills (%d holding the arena lock), %llu own messages sent, %llu received, "
+           "%llu left by churners, %u reclaimed by gc; used %llu in %llu blocks\n",
+           CHURN_KILLS, in_lock, (unsigned long long)o.sent, (unsigned long long)o.received,
+           (unsigned long long)leftovers, reclaimed, (unsigned long long)st.bytes_used,
+           (unsigned long long)st.live_blocks);
+    failed |= o.bad || o.sent != o.received || o.sent_sum != o.received_sum;
+    failed |= st.bytes_used != 0 || st.live_blocks != 0 || st.pending_messages != 0 || st.keys != 0;
+    return failed;
+}
+
 int main(void) {
     char name[64];
     snprintf(name, sizeof name, "/shmrdv-t-cstress-%d", getpid());
@@ -359,6 +650,7 @@ int main(void) {
     failed |= st.pending_messages || st.bytes_used || st.keys;
     failed |= marked_kill_loop(h, name);
     failed |= leased_kill_loop(h, name);
+    failed |= churn_kill_loop(h, name);
     rdv_stats(h, &st);
     rdv_close(h);
     shm_unlink(name);

@@ -1,0 +1,473 @@
+/* Unit tests of the key index (csrc/rdv_index.c) on its own layers only:
+ * this program links rdv_os.c rdv_wait.c rdv_segment.c rdv_live.c
+ * rdv_lock.c rdv_index.c and nothing above them. Built with
+ * -fsanitize=address,undefined by tests/test_c_units.py. The segment lives
+ * on a memfd; liveness is faked through the handle's rdv_ops.
+ *
+ *   insert / find / delete, tombstones reused, keys that share a home slot,
+ *   a full index (-ENOSPC, nothing left locked), concurrent inserts of the
+ *   same keys, and lock words held by the dead (found through the fake
+ *   alive table, cleared by the fake dead_holder hook), by nobody (a word
+ *   naming no entry) and by the living (waited for, never broken). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rdv_atomic.h"
+#include "rdv_index.h"
+#include "rdv_live.h"
+#include "rdv_lock.h"
+#include "rdv_os.h"
+#include "rdv_segment.h"
+
+static const char *phase = "setup";
+
+#define FAIL(...)                                                                  \
+    do {                                                                           \
+        fprintf(stderr, "unit_index: FAIL [%s] %s:%d: ", phase, __FILE__, __LINE__); \
+        fprintf(stderr, __VA_ARGS__);                                              \
+        fputc('\n', stderr);                                                       \
+        exit(1);                                                                   \
+    } while (0)
+#define CHECK(c, ...)          \
+    do {                       \
+        if (!(c))              \
+            FAIL(__VA_ARGS__); \
+    } while (0)
+
+/* ---- fake liveness -------------------------------------------------------- */
+
+#define DEAD 7  /* an entry whose process the table says died */
+#define LIVE 9  /* an entry whose process the table says lives */
+
+static uint8_t alive_tab[RDV_MAX_PROCS];
+static unsigned dead_holder_calls;
+static uint32_t *last_klock;
+static uint32_t last_holder;
+
+static int fake_alive(rdv_t *h, uint32_t entry) {
+    (void)h;
+    return entry >= RDV_MAX_PROCS || alive_tab[entry];
+}
+
+/* Recovery would repair what the lock guards; here: clear it. */
+static void fake_dead_holder(rdv_t *h, uint32_t *klock, uint32_t holder) {
+    (void)h;
+    __atomic_fetch_add(&dead_holder_calls, 1, __ATOMIC_RELAXED);
+    last_klock = klock;
+    last_holder = holder;
+    CHECK(holder >= 1 && holder <= RDV_MAX_PROCS && !alive_tab[holder - 1],
+          "dead_holder called for holder %u, which the table says is alive", holder);
+    uint32_t expected = holder;
+    rdv_cas(klock, &expected, 0, __ATOMIC_RELEASE);
+}
+
+static void fake_reclaim_dead(rdv_t *h) { (void)h; }
+
+static const struct rdv_ops fake_ops = {
+    .alive = fake_alive,
+    .dead_holder = fake_dead_holder,
+    .reclaim_dead = fake_reclaim_dead,
+};
+
+static rdv_t *make_segment(uint64_t max_keys, int *fdp) {
+    int fd = memfd_create("shmrdv-unit-index", MFD_CLOEXEC);
+    CHECK(fd >= 0, "memfd_create: %s", strerror(errno));
+    rdv_t *h;
+    int rc = rdv_segment_create(fd, 64 << 10, max_keys, &h);
+    CHECK(rc == 0, "rdv_segment_create: %d", rc);
+    rdv_segment_publish(h);
+    rc = rdv_live_claim(h);
+    CHECK(rc == 0, "rdv_live_claim: %d", rc);
+    CHECK(h->me != DEAD && h->me != LIVE, "our entry collides with the fake ones");
+    h->ops = fake_ops;
+    memset(alive_tab, 1, sizeof alive_tab);
+    alive_tab[DEAD] = 0;
+    *fdp = fd;
+    return h;
+}
+
+static void drop_segment(rdv_t *h, int fd) {
+    rdv_live_release(h);
+    rdv_segment_discard(h);
+    close(fd);
+}
+
+static void reset_index(rdv_t *h) { memset(h->kslots, 0, (h->slot_mask + 1) * sizeof *h->kslots); }
+
+/* No lock word of the index is held. */
+static void check_unlocked(rdv_t *h) {
+    for (uint64_t i = 0; i <= h->slot_mask; i++)
+        CHECK(h->kslots[i].lock == 0 && h->kslots[i].ins_lock == 0, "slot %llu: lock %u, ins_lock %u",
+              (unsigned long long)i, h->kslots[i].lock, h->kslots[i].ins_lock);
+}
+
+static uint64_t home_of(rdv_t *h, const char *key, uint32_t len) {
+    uint64_t h1, h2;
+    rdv_hash_key(h, key, len, &h1, &h2);
+    return h1 & h->slot_mask;
+}
+
+/* Insert (or find) a key: returns its slot, checked and unlocked again. */
+static uint32_t put(rdv_t *h, const char *key, uint32_t len) {
+    uint32_t idx = UINT32_MAX;
+    int rc = rdv_index_acquire(h, key, len, 1, &idx);
+    CHECK(rc == 0, "acquire(create) of '%.*s': %d", (int)(len > 40 ? 40 : len), key, rc);
+    CHECK(idx <= h->slot_mask, "slot %u", idx);
+    struct rdv_slot *s = &h->kslots[idx];
+    uint64_t h1, h2;
+    rdv_hash_key(h, key, len, &h1, &h2);
+    CHECK(s->lock == h->me + 1, "acquire returned slot %u unlocked (%u)", idx, s->lock);
+    CHECK(s->state == RDV_SLOT_LIVE && s->h1 == h1 && s->h2 == h2 && s->key_len == len,
+          "slot %u does not hold the key", idx);
+    rdv_index_release(h, idx);
+    CHECK(s->lock == 0, "release left slot %u locked", idx);
+    return idx;
+}
+
+/* The slot a key is found in lock-free, or -1. */
+static int64_t find(rdv_t *h, const char *key, uint32_t len) {
+    uint64_t h1, h2;
+    rdv_hash_key(h, key, len, &h1, &h2);
+    uint32_t idx;
+    int rc = rdv_index_find(h, h1, h2, len, &idx);
+    CHECK(rc == 0 || rc == -ENOENT, "find: %d", rc);
+    return rc == 0 ? (int64_t)idx : -1;
+}
+
+/* Delete a key (as a receiver that took its last message does). */
+static void del(rdv_t *h, const char *key, uint32_t len) {
+    uint32_t idx;
+    int rc = rdv_index_acquire(h, key, len, 0, &idx);
+    CHECK(rc == 0, "acquire of '%.*s' to delete it: %d", (int)len, key, rc);
+    uint32_t gen = h->kslots[idx].gen;
+    rdv_index_maybe_delete(h, idx);
+    CHECK(h->kslots[idx].state == RDV_SLOT_TOMB && h->kslots[idx].gen == gen + 1,
+          "an idle key was not turned into a tombstone");
+    rdv_index_release(h, idx);
+}
+
+/* Keys k-<n> that hash to the same home slot as each other. */
+static int same_home_keys(rdv_t *h, char (*out)[32], int want, uint64_t *home) {
+    char first[32];
+    snprintf(first, sizeof first, "/job:w/task:0;home;%d", 0);
+    *home = home_of(h, first, (uint32_t)strlen(first));
+    int n = 0;
+    for (int i = 0; n < want && i < 1000000; i++) {
+        char k[32];
+        snprintf(k, sizeof k, "/job:w/task:0;home;%d", i);
+        if (home_of(h, k, (uint32_t)strlen(k)) == *home)
+            memcpy(out[n++], k, sizeof k);
+    }
+    return n;
+}
+
+static void test_basic(rdv_t *h) {
+    phase = "basic";
+    reset_index(h);
+    char key[64];
+    uint32_t idx[20];
+    for (int i = 0; i < 20; i++) {
+        snprintf(key, sizeof key, "/job:w/task:0;basic;%d", i);
+        idx[i] = put(h, key, (uint32_t)strlen(key));
+        for (int j = 0; j < i; j++)
+            CHECK(idx[j] != idx[i], "two keys in one slot %u", idx[i]);
+    }
+    for (int i = 0; i < 20; i++) {
+        snprintf(key, sizeof key, "/job:w/task:0;basic;%d", i);
+        uint32_t len = (uint32_t)strlen(key);
+        CHECK(find(h, key, len) == idx[i], "key %d found elsewhere", i);
+        CHECK(put(h, key, len) == idx[i], "a second insert of key %d moved it", i);
+        uint32_t got;
+        CHECK(rdv_index_acquire(h, key, len, 0, &got) == 0 && got == idx[i], "acquire without create");
+        CHECK(h->kslots[got].lock == h->me + 1, "acquire without create returned it unlocked");
+        rdv_index_release(h, got);
+        /* a prefix, or a longer key, is another key */
+        CHECK(find(h, key, len - 1) != idx[i], "a prefix of key %d matched it", i);
+    }
+    uint32_t got;
+    CHECK(rdv_index_acquire(h, "absent", 6, 0, &got) == -ENOENT, "acquire of an absent key without create");
+    CHECK(find(h, "absent", 6) < 0, "find of an absent key");
+    /* bytes the hash must not stop at: NULs, and the longest key */
+    char nul[5] = {'a', 0, 'b', 0, 'c'}, nul2[5] = {'a', 0, 'b', 0, 'd'};
+    uint32_t a = put(h, nul, 5), b = put(h, nul2, 5);
+    CHECK(a != b, "keys that differ after a NUL share a slot");
+    char *big = malloc(RDV_KEY_MAX);
+    memset(big, 'x', RDV_KEY_MAX);
+    uint32_t c = put(h, big, RDV_KEY_MAX);
+    big[RDV_KEY_MAX - 1] = 'y';
+    uint32_t d = put(h, big, RDV_KEY_MAX);
+    CHECK(c != d && find(h, big, RDV_KEY_MAX) == d, "keys of the largest length");
+    free(big);
+    check_unlocked(h);
+    /* a busy key is not deleted */
+    snprintf(key, sizeof key, "/job:w/task:0;basic;%d", 3);
+    uint32_t len = (uint32_t)strlen(key);
+    CHECK(rdv_index_acquire(h, key, len, 0, &got) == 0, "acquire");
+    h->kslots[got].count = 1;
+    rdv_index_maybe_delete(h, got);
+    CHECK(h->kslots[got].state == RDV_SLOT_LIVE, "a key with a queued message was deleted");
+    h->kslots[got].count = 0;
+    h->kslots[got].waiters = 1;
+    rdv_index_maybe_delete(h, got);
+    CHECK(h->kslots[got].state == RDV_SLOT_LIVE, "a key with a waiter was deleted");
+    h->kslots[got].waiters = 0;
+    rdv_index_release(h, got);
+    del(h, key, len);
+    CHECK(find(h, key, len) < 0, "a deleted key is still found");
+    CHECK(rdv_index_acquire(h, key, len, 0, &got) == -ENOENT, "a deleted key is still acquired");
+    uint32_t again = put(h, key, len);
+    CHECK(h->kslots[again].state == RDV_SLOT_LIVE, "re-insert");
+    check_unlocked(h);
+    printf("unit_index: basic: ok\n");
+}
+
+static void test_tombstones(rdv_t *h) {
+    phase = "tombstones";
+    reset_index(h);
+    char keys[6][32];
+    uint64_t home;
+    CHECK(same_home_keys(h, keys, 6, &home) == 6, "not enough keys sharing a home slot");
+    uint64_t m = h->slot_mask;
+    for (int i = 0; i < 4; i++) {
+        uint32_t idx = put(h, keys[i], (uint32_t)strlen(keys[i]));
+        CHECK(idx == ((home + (uint64_t)i) & m), "key %d of a shared home in slot %u, not %llu", i, idx,
+              (unsigned long long)((home + (uint64_t)i) & m));
+    }
+    CHECK(h->kslots[home].max_probe == 3, "home max_probe %u, expected 3", h->kslots[home].max_probe);
+    /* delete the second: the ones after it are still found across the tombstone */
+    uint32_t gen = h->kslots[(home + 1) & m].gen;
+    del(h, keys[1], (uint32_t)strlen(keys[1]));
+    CHECK(find(h, keys[1], (uint32_t)strlen(keys[1])) < 0, "deleted key found");
+    for (int i = 0; i < 4; i++)
+        if (i != 1)
+            CHECK(find(h, keys[i], (uint32_t)strlen(keys[i])) == (int64_t)((home + (uint64_t)i) & m),
+                  "key %d lost behind a tombstone", i);
+    /* the next insert of that home takes the tombstone */
+    uint32_t idx = put(h, keys[4], (uint32_t)strlen(keys[4]));
+    CHECK(idx == ((home + 1) & m), "a new key of the home went to slot %u, not the tombstone", idx);
+    CHECK(h->kslots[idx].gen == gen + 2, "a reused slot's gen %u, expected %u", h->kslots[idx].gen, gen + 2);
+    CHECK(h->kslots[home].max_probe == 3, "max_probe grew for a reused slot");
+    /* and the deleted key, back, goes past the end of the run */
+    idx = put(h, keys[1], (uint32_t)strlen(keys[1]));
+    CHECK(idx == ((home + 4) & m) && h->kslots[home].max_probe == 4, "the re-inserted key in slot %u", idx);
+    /* a tombstone where a key of another home landed is reused as well */
+    for (int i = 0; i < 5; i++)
+        del(h, keys[i], (uint32_t)strlen(keys[i]));
+    for (int i = 0; i < 5; i++)
+        CHECK(find(h, keys[i], (uint32_t)strlen(keys[i])) < 0, "key %d found after deleting all", i);
+    idx = put(h, keys[5], (uint32_t)strlen(keys[5]));
+    CHECK(idx == home, "a key after deleting all went to %u, not its home %llu", idx, (unsigned long long)home);
+    check_unlocked(h);
+    printf("unit_index: tombstones: ok (home %llu)\n", (unsigned long long)home);
+}
+
+static void test_full(rdv_t *h) {
+    phase = "full";
+    reset_index(h);
+    uint64_t slots = h->slot_mask + 1;
+    char key[64];
+    for (uint64_t i = 0; i < slots; i++) {
+        snprintf(key, sizeof key, "/job:w/task:0;full;%llu", (unsigned long long)i);
+        put(h, key, (uint32_t)strlen(key));
+    }
+    for (uint64_t i = 0; i <= h->slot_mask; i++)
+        CHECK(h->kslots[i].state == RDV_SLOT_LIVE, "slot %llu not in use in a full index", (unsigned long long)i);
+    uint32_t idx;
+    int rc = rdv_index_acquire(h, "one too many", 12, 1, &idx);
+    CHECK(rc == -ENOSPC, "an insert into a full index: %d", rc);
+    check_unlocked(h);
+    CHECK(rdv_index_acquire(h, "one too many", 12, 0, &idx) == -ENOENT, "a lookup in a full index");
+    CHECK(find(h, "one too many", 12) < 0, "find in a full index");
+    for (uint64_t i = 0; i < slots; i++) { /* the keys already there still work */
+        snprintf(key, sizeof key, "/job:w/task:0;full;%llu", (unsigned long long)i);
+        CHECK(find(h, key, (uint32_t)strlen(key)) >= 0, "key %llu lost in a full index", (unsigned long long)i);
+        put(h, key, (uint32_t)strlen(key));
+    }
+    /* one tombstone makes room for one */
+    snprintf(key, sizeof key, "/job:w/task:0;full;%d", 17);
+    del(h, key, (uint32_t)strlen(key));
+    put(h, "one too many", 12);
+    CHECK(rdv_index_acquire(h, "and another", 11, 1, &idx) == -ENOSPC, "a second insert into a full index");
+    /* all tombstones: inserts and lookups still end */
+    for (uint64_t i = 0; i < slots; i++) {
+        snprintf(key, sizeof key, "/job:w/task:0;full;%llu", (unsigned long long)i);
+        if (i != 17)
+            del(h, key, (uint32_t)strlen(key));
+    }
+    del(h, "one too many", 12);
+    CHECK(find(h, "never there", 11) < 0, "find among tombstones");
+    put(h, "and another", 11);
+    check_unlocked(h);
+    printf("unit_index: full: %llu slots, ok\n", (unsigned long long)slots);
+}
+
+/* Threads insert the same keys in different orders, round after round:
+ * each key ends up in exactly one slot (ins_lock); between rounds thread 0
+ * checks and deletes them all. */
+#define RACE_THREADS 4
+#define RACE_KEYS 24
+#define RACE_ROUNDS 100
+
+static rdv_t *race_h;
+static pthread_barrier_t race_barrier;
+
+static void race_key(char *key, int round, int k) {
+    snprintf(key, 64, "/job:w/task:0;race-%d;%d", round, k);
+}
+
+static void race_check_round(rdv_t *h, int round) {
+    uint32_t seen[RACE_KEYS];
+    char key[64];
+    for (int k = 0; k < RACE_KEYS; k++) {
+        race_key(key, round, k);
+        uint64_t h1, h2;
+        rdv_hash_key(h, key, (uint32_t)strlen(key), &h1, &h2);
+        int copies = 0;
+        for (uint64_t i = 0; i <= h->slot_mask; i++)
+            if (h->kslots[i].state == RDV_SLOT_LIVE && h->kslots[i].h1 == h1 && h->kslots[i].h2 == h2)
+                copies++, seen[k] = (uint32_t)i;
+        CHECK(copies == 1, "round %d: key %d in %d slots", round, k, copies);
+        CHECK(find(h, key, (uint32_t)strlen(key)) == seen[k], "round %d: key %d found elsewhere", round, k);
+    }
+    uint64_t live = 0;
+    for (uint64_t i = 0; i <= h->slot_mask; i++)
+        live += h->kslots[i].state == RDV_SLOT_LIVE;
+    CHECK(live == RACE_KEYS, "round %d: %llu live slots", round, (unsigned long long)live);
+    check_unlocked(h);
+    for (int k = 0; k < RACE_KEYS; k++) {
+        race_key(key, round, k);
+        del(h, key, (uint32_t)strlen(key));
+    }
+}
+
+static void *race(void *arg) {
+    uintptr_t t = (uintptr_t)arg;
+    char key[64];
+    for (int round = 0; round < RACE_ROUNDS; round++) {
+        for (int i = 0; i < RACE_KEYS; i++) {
+            int k = (int)(((uintptr_t)i * (2 * t + 1) + t * 5 + (uintptr_t)round) % RACE_KEYS);
+            race_key(key, round, k);
+            put(race_h, key, (uint32_t)strlen(key));
+        }
+        pthread_barrier_wait(&race_barrier);
+        if (t == 0)
+            race_check_round(race_h, round);
+        pthread_barrier_wait(&race_barrier);
+    }
+    return NULL;
+}
+
+static void test_race(rdv_t *h) {
+    phase = "race";
+    reset_index(h);
+    race_h = h;
+    pthread_barrier_init(&race_barrier, NULL, RACE_THREADS);
+    pthread_t th[RACE_THREADS];
+    for (uintptr_t t = 0; t < RACE_THREADS; t++)
+        CHECK(pthread_create(&th[t], NULL, race, (void *)t) == 0, "pthread_create");
+    for (int t = 0; t < RACE_THREADS; t++)
+        pthread_join(th[t], NULL);
+    pthread_barrier_destroy(&race_barrier);
+    check_unlocked(h);
+    printf("unit_index: race: %d threads, %d rounds of %d keys, each key in one slot\n", RACE_THREADS,
+           RACE_ROUNDS, RACE_KEYS);
+}
+
+/* A thread that acquires a key whose lock a live holder has. */
+struct waiter {
+    rdv_t *h;
+    const char *key;
+    int done, rc;
+    uint32_t idx;
+};
+
+static void *acquire_thread(void *arg) {
+    struct waiter *w = arg;
+    w->rc = rdv_index_acquire(w->h, w->key, (uint32_t)strlen(w->key), 0, &w->idx);
+    __atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void test_dead_holder(rdv_t *h) {
+    phase = "dead holder";
+    reset_index(h);
+    const char *key = "/job:w/task:0;locked;0:0";
+    uint32_t len = (uint32_t)strlen(key);
+    uint32_t idx = put(h, key, len), got;
+    struct rdv_slot *s = &h->kslots[idx];
+
+    /* the slot lock, held by a dead entry: found, cleared by the hook */
+    s->lock = DEAD + 1;
+    unsigned calls = dead_holder_calls;
+    CHECK(rdv_index_acquire(h, key, len, 0, &got) == 0 && got == idx, "acquire past a dead holder");
+    CHECK(dead_holder_calls == calls + 1 && last_klock == &s->lock && last_holder == DEAD + 1,
+          "the dead holder was not reported once, for this slot's lock (%u calls)", dead_holder_calls - calls);
+    CHECK(s->lock == h->me + 1, "acquired, but the lock names %u", s->lock);
+    rdv_index_release(h, idx);
+
+    /* the home slot's ins_lock, held by a dead entry: an insert gets past */
+    const char *fresh = "/job:w/task:0;fresh;0:0";
+    uint64_t home = home_of(h, fresh, (uint32_t)strlen(fresh));
+    h->kslots[home].ins_lock = DEAD + 1;
+    calls = dead_holder_calls;
+    put(h, fresh, (uint32_t)strlen(fresh));
+    CHECK(dead_holder_calls == calls + 1 && last_klock == &h->kslots[home].ins_lock, "ins_lock's dead holder");
+
+    /* a free slot's lock, held by a dead entry, in the way of an insert */
+    const char *third = "/job:w/task:0;third;0:0";
+    home = home_of(h, third, (uint32_t)strlen(third));
+    uint64_t target = home;
+    while (h->kslots[target].state == RDV_SLOT_LIVE)
+        target = (target + 1) & h->slot_mask;
+    h->kslots[target].lock = DEAD + 1;
+    calls = dead_holder_calls;
+    CHECK(put(h, third, (uint32_t)strlen(third)) == target, "insert past a dead holder's free slot");
+    CHECK(dead_holder_calls == calls + 1 && last_klock == &h->kslots[target].lock, "free slot's dead holder");
+
+    /* a lock word naming no entry at all (damage): freed without the hook */
+    s->lock = RDV_MAX_PROCS + 5;
+    calls = dead_holder_calls;
+    CHECK(rdv_index_acquire(h, key, len, 0, &got) == 0 && got == idx, "acquire past a lock naming nobody");
+    CHECK(dead_holder_calls == calls, "the hook was called for a lock naming no entry");
+    rdv_index_release(h, idx);
+
+    /* a live holder is waited for, never broken */
+    s->lock = LIVE + 1;
+    calls = dead_holder_calls;
+    struct waiter w = {.h = h, .key = key};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, acquire_thread, &w) == 0, "pthread_create");
+    usleep(150000);
+    CHECK(!__atomic_load_n(&w.done, __ATOMIC_ACQUIRE), "acquire took a lock a live holder has");
+    CHECK(dead_holder_calls == calls, "the hook was called for a live holder");
+    CHECK(s->lock == LIVE + 1, "a live holder's lock changed to %u", s->lock);
+    rdv_unlock(&s->lock); /* the live holder lets go */
+    pthread_join(th, NULL);
+    CHECK(w.rc == 0 && w.idx == idx, "the waiter's acquire: %d", w.rc);
+    rdv_index_release(h, idx);
+    check_unlocked(h);
+    printf("unit_index: dead holder: ok\n");
+}
+
+int main(void) {
+    int64_t t0 = rdv_now_ns();
+    int fd;
+    rdv_t *h = make_segment(16, &fd); /* 64 slots */
+    CHECK(h->slot_mask == 63, "64 slots expected, got %llu", (unsigned long long)h->slot_mask + 1);
+    test_basic(h);
+    test_tombstones(h);
+    test_full(h);
+    test_race(h);
+    test_dead_holder(h);
+    drop_segment(h, fd);
+    printf("unit_index: all passed in %.1f s\n", (double)(rdv_now_ns() - t0) / 1e9);
+    return 0;
+}
