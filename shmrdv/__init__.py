@@ -4,21 +4,45 @@ One process ``send``s a numpy array under a string key, another ``recv``s it
 by the same key, before or after the send, and gets a zero-copy read-only view
 into shared memory.
 """
+from typing import Any
+
+from . import rendezvous as _rendezvous
 from .errors import (
     Aborted,
+    AuthenticationError,
+    ConnectionLost,
     InvalidArgument,
     InvalidType,
     MessageTooLarge,
+    ProtocolError,
     RendezvousError,
     RendezvousTimeout,
     SegmentMismatch,
     TooManyKeys,
 )
 from .keys import ParsedKey, create_key, parse_key
-from .protocol import AuthenticationError, ConnectionLost, ProtocolError
 from .rendezvous import DEFAULT_SIZE, Rendezvous
-from .connect import RemoteRendezvous, connect
 from .stats import KeyInfo, ProcessInfo, Stats
+
+
+def _routes(routes: Any, token: Any, tls_ca: Any) -> Any:
+    # Rendezvous(routes=...) is the bridge layer wrapping the core: loaded
+    # on first use, so that ``import shmrdv`` loads no sockets, ssl or hmac.
+    from .bridge.routing import Routes
+
+    return Routes(routes, token, tls_ca)
+
+
+_rendezvous.install_router(_routes)
+
+
+def __getattr__(name: str) -> Any:
+    # connect() and RemoteRendezvous live in the bridge layer: loaded on first use.
+    if name in ("connect", "RemoteRendezvous"):
+        from .bridge import connect as _connect
+
+        return getattr(_connect, name)
+    raise AttributeError(f"module 'shmrdv' has no attribute {name!r}")
 
 __all__ = [
     "Aborted",

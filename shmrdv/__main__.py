@@ -1,33 +1,7 @@
-"""Command line: ``shmrdv COMMAND`` (also ``python -m shmrdv COMMAND``).
-
-Each command lives in its own module, which provides ``add_arguments(parser)``
-and ``run(args) -> int``."""
-import argparse
-import importlib
+"""``python -m shmrdv COMMAND``: the command line (shmrdv.cli)."""
 import sys
-from typing import Dict, List, Optional
 
-COMMANDS: Dict[str, str] = {
-    "demo": "two processes exchange tensors; prints what moved and how fast",
-    "ls": "list rendezvous segments: size, use, attached processes (alive or dead)",
-    "stat": "one rendezvous in detail: keys, pending bytes, waiters, what each process holds",
-    "rm": "remove rendezvous segments",
-    "gc": "reclaim what dead processes held; --unlink-orphans removes segments nobody live uses",
-    "bridge": "serve this host's rendezvous to other hosts and forward routed sends to theirs",
-    "bench": "shmrdv side by side with multiprocessing, shared_memory, pyzmq and torch: Markdown table, JSON, plot",
-}
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="shmrdv", description="Tensors between processes through shared memory.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    modules = {}
-    for name, help_text in COMMANDS.items():
-        modules[name] = importlib.import_module(f"shmrdv.{name}")
-        modules[name].add_arguments(sub.add_parser(name, help=help_text, description=help_text))
-    args = parser.parse_args(argv)
-    return int(modules[args.command].run(args))
-
+from .cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

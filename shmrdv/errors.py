@@ -40,3 +40,15 @@ class InvalidArgument(RendezvousError, ValueError):
 
 class InvalidType(RendezvousError, TypeError):
     """An argument has a type shmrdv cannot accept."""
+
+
+class ProtocolError(RendezvousError):
+    """A bridge peer sent something the wire protocol does not allow; the connection is dropped."""
+
+
+class ConnectionLost(RendezvousError, ConnectionError):
+    """A bridge connection closed or failed."""
+
+
+class AuthenticationError(RendezvousError):
+    """The bridge peer does not hold the same token (or refused ours)."""

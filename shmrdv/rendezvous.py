@@ -16,9 +16,12 @@ import numpy as np
 import posix_ipc
 
 from ._binding import ffi, lib, raise_rc
-from .errors import InvalidArgument, InvalidType, MessageTooLarge, RendezvousError, SegmentMismatch
-from .outbox import OUTBOX_KEY
-from .routing import RemoteAllocation, Routes, announce
+from .codec import _MAX_CACHED, _dtype_codes, _key_cache
+from .codec import dtype_code as _dtype_code
+from .codec import dtype_of as _dtype_of
+from .codec import key_bytes as _key_bytes
+from .codec import timeout_ns as _timeout_ns
+from .errors import InvalidArgument, InvalidType, RendezvousError, SegmentMismatch
 from .stats import KeyInfo, ProcessInfo, Stats
 
 DEFAULT_SIZE = 64 << 20
@@ -29,12 +32,8 @@ SEGMENT_PREFIX = "/shmrdv-"
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,%d}\Z" % lib.RDV_NAME_MAX)
 _MAX_PROCS = 128  # the segment's process table (RDV_MAX_PROCS)
 _ATTACH_WAIT_S = 2.0  # how long an attacher waits for a creator to finish initialising
-_DTYPE_KINDS = "biufcmMSU"  # plain, fixed-size, non-object dtypes
-_NS = 1_000_000_000
 
 
-_key_cache: Dict[str, bytes] = {}
-_MAX_CACHED = 4096
 
 
 def _segment_version(path: str) -> str:
@@ -45,34 +44,6 @@ def _segment_version(path: str) -> str:
     except OSError:
         return "unknown"
     return str(int.from_bytes(head[8:12], "little")) if len(head) == 12 else "unknown"
-
-
-def _key_bytes(key: object) -> bytes:
-    if not isinstance(key, str):
-        raise InvalidType(f"key must be a str, not {type(key).__name__}")
-    kb = _key_cache.get(key)
-    if kb is not None:
-        return kb
-    kb = key.encode("utf-8")
-    if not kb or len(kb) > lib.RDV_KEY_MAX:
-        raise InvalidArgument(f"key must be 1..{lib.RDV_KEY_MAX} bytes in UTF-8, got {len(kb)}")
-    if len(_key_cache) >= _MAX_CACHED:
-        _key_cache.clear()
-    _key_cache[key] = kb
-    return kb
-
-
-def _timeout_ns(timeout: object) -> int:
-    """-1 for forever, else nanoseconds."""
-    if timeout is None:
-        return -1
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise InvalidType(f"timeout must be None or a number of seconds, not {type(timeout).__name__}")
-    if not timeout >= 0:  # also rejects NaN
-        raise InvalidArgument(f"timeout must be >= 0 seconds, got {timeout!r}")
-    if timeout * _NS >= 1 << 62:  # includes inf: as good as forever
-        return -1
-    return int(timeout * _NS)
 
 
 MAX_MARKS = int(lib.RDV_MAX_MARKS)
@@ -112,35 +83,6 @@ def _positive_int(value: object, what: str) -> int:
     if value <= 0:
         raise InvalidArgument(f"{what} must be positive, got {value}")
     return value
-
-
-_dtype_codes: Dict[np.dtype, bytes] = {}
-_code_dtypes: Dict[bytes, np.dtype] = {}
-
-
-def _dtype_code(dtype: np.dtype) -> bytes:
-    code = _dtype_codes.get(dtype)
-    if code is None:
-        if dtype.kind not in _DTYPE_KINDS or dtype.fields is not None or dtype.subdtype is not None or dtype.itemsize == 0:
-            raise InvalidType(f"dtype {dtype} cannot be sent: only numeric, bool, datetime, timedelta and fixed-width string dtypes")
-        code = dtype.str.encode("ascii")
-        if len(code) > lib.RDV_DTYPE_MAX:
-            raise InvalidType(f"dtype {dtype} has too long a descriptor")
-        _dtype_codes[dtype] = code
-    return code
-
-
-def _dtype_of(code: bytes) -> np.dtype:
-    dtype = _code_dtypes.get(code)
-    if dtype is None:
-        try:
-            dtype = np.dtype(code.decode("ascii"))
-        except (TypeError, ValueError, UnicodeDecodeError) as exc:
-            raise SegmentMismatch(f"message carries an unreadable dtype {code!r}") from exc
-        if dtype.kind not in _DTYPE_KINDS:
-            raise SegmentMismatch(f"message carries a dtype shmrdv never sends: {code!r}")
-        _code_dtypes[code] = dtype
-    return dtype
 
 
 class _Layout:
@@ -290,8 +232,14 @@ class Allocation:
         self._pos = -1
 
     def __enter__(self) -> np.ndarray:
+        return self.open()
+
+    def open(self) -> np.ndarray:
+        """Reserve the block (waiting for space as ``send`` does) and return the
+        writable array over it; ``publish`` or ``discard`` ends it. What a
+        ``with`` block's entry does, for a producer that ends it elsewhere."""
         if self._h is not None:
-            raise RendezvousError("an Allocation can be entered only once")
+            raise RendezvousError("an Allocation can be opened only once")
         rdv, kb, dtype, shape = self._rdv, self._kb, self._dtype, self._shape
         h = rdv._handle()
         code = _dtype_code(dtype)
@@ -320,6 +268,13 @@ class Allocation:
         if rc < 0:
             self._rdv._fail(rc, f"send {self._key!r}")
 
+    def discard(self) -> None:
+        """Free the opened block unpublished: what an exception in the ``with``
+        block does."""
+        if self._h is not None:
+            h, self._h = self._h, None
+            lib.rdv_send_discard(h, self._pos)
+
     def publish(self, mark: Optional[Mark] = None) -> None:
         """Publish the entered block now, setting producer mark ``mark`` with
         it (for a producer that learns the mark's value only once the payload
@@ -339,6 +294,26 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# The bridge layer's router for Rendezvous(routes=...): a callable (routes,
+# token, tls_ca) -> router, installed by the package (shmrdv/__init__.py) so
+# that this module never imports the bridge. A router has table, token,
+# tls_ca, url_for(key), announce(rdv), send(rdv, url, key, array, timeout)
+# and alloc(rdv, url, key, dtype, shape, timeout).
+_router_factory: Optional[Callable[..., Any]] = None
+
+
+def install_router(factory: Callable[..., Any]) -> None:
+    """Set the router factory (the bridge layer's routing.Routes)."""
+    global _router_factory
+    _router_factory = factory
+
+
+def _router(routes: Mapping[str, str], token: Union[str, bytes, None], tls_ca: Optional[str]) -> Any:
+    if _router_factory is None:
+        raise RendezvousError("routes need the bridge layer: import shmrdv (not shmrdv.rendezvous alone)")
+    return _router_factory(routes, token, tls_ca)
 
 
 class Rendezvous:
@@ -375,7 +350,7 @@ class Rendezvous:
         tls_ca: Optional[str] = None,
     ) -> None:
         self._h = None
-        self._routes: Optional[Routes] = None if routes is None else Routes(routes, token, tls_ca)
+        self._routes: Any = None if routes is None else _router(routes, token, tls_ca)
         self._forked = False
         self._pending: "weakref.WeakSet[_RecvFuture]" = weakref.WeakSet()
         if not isinstance(name, str):
@@ -396,7 +371,7 @@ class Rendezvous:
             raise SegmentMismatch(f"rendezvous {name!r} exists with capacity {self._capacity}, not size={req_size}")
         self._attach_handle(self._h)
         if self._routes is not None:
-            announce(self, self._routes)
+            self._routes.announce(self)
 
     # ---- lifecycle ---------------------------------------------------------
 
@@ -564,7 +539,7 @@ class Rendezvous:
         if self._routes is not None:
             url = self._routes.url_for(key)
             if url is not None:
-                self._send_remote(url, key, kb, array, timeout)
+                self._routes.send(self, url, key, array, timeout)
                 return
         t = -1 if timeout is None else _timeout_ns(timeout)
         arr = array if type(array) is np.ndarray else self._sendable(array)
@@ -588,23 +563,6 @@ class Rendezvous:
             return
         with Allocation(self, key, kb, dtype, arr.shape, t) as dst:
             np.copyto(dst, arr)
-
-    def _send_remote(self, url: bytes, key: str, kb: bytes, array: Any, timeout: Optional[float]) -> None:
-        """Queue an envelope for this host's bridge: still one copy."""
-        arr = self._sendable(array)
-        with self._remote_alloc(url, key, kb, arr.dtype, arr.shape, timeout) as dst:
-            np.copyto(dst, arr)
-
-    def _remote_alloc(self, url: bytes, key: str, kb: bytes, dtype: np.dtype, shape: Tuple[int, ...], timeout: Optional[float]) -> RemoteAllocation:
-        assert self._routes is not None
-        code = _dtype_code(dtype)
-        nbytes = _layout(shape, dtype.itemsize).nbytes
-        head, off = self._routes.envelope_head(url, kb, code, shape, nbytes)
-        try:
-            envelope = self.alloc(OUTBOX_KEY, (off + nbytes,), np.uint8, timeout=timeout)
-        except MessageTooLarge as exc:
-            raise MessageTooLarge(f"send {key!r}: {exc}") from None
-        return RemoteAllocation(envelope, head, off, dtype, shape)
 
     @property
     def routes(self) -> Dict[str, str]:
@@ -647,7 +605,7 @@ class Rendezvous:
             if url is not None:
                 if mark is not None:
                     raise InvalidArgument(f"alloc {key!r}: producer marks are local; this key is routed to {url.decode()}")
-                return self._remote_alloc(url, key, kb, dt, shp, timeout)  # type: ignore[return-value]
+                return self._routes.alloc(self, url, key, dt, shp, timeout)  # type: ignore[no-any-return]
         return Allocation(self, key, kb, dt, shp, t, checked_mark)
 
     # ---- producer marks ----------------------------------------------------
@@ -687,7 +645,7 @@ class Rendezvous:
 
     # ---- receiving ---------------------------------------------------------
 
-    def _view(self, info: Any) -> np.ndarray:
+    def _view(self, info: Any, writable: bool = False) -> np.ndarray:
         payload = ffi.gc(info.payload, self._release)  # released even if we raise below
         desc = ffi.buffer(info)[_DESC_OFFSET : _DESC_OFFSET + 40 + 16 * info.ndim]
         parsed = _descs.get(desc)
@@ -697,10 +655,12 @@ class Rendezvous:
         if nbytes != info.nbytes:
             raise SegmentMismatch(f"message metadata does not match its payload: shape {shape} of {dtype} is not {info.nbytes} bytes")
         # frombuffer on a read-only memoryview: the flag cannot be turned back on.
-        flat = np.frombuffer(memoryview(ffi.buffer(payload, nbytes)).toreadonly(), dtype=dtype)
+        mem = memoryview(ffi.buffer(payload, nbytes))
+        flat = np.frombuffer(mem if writable else mem.toreadonly(), dtype=dtype)
         return flat if len(shape) == 1 else flat.reshape(shape)
 
-    def _recv(self, key: str, timeout: Optional[float], cancel: Any, empty_ok: bool = False, lease: bool = False) -> Optional[np.ndarray]:
+    def _recv(self, key: str, timeout: Optional[float], cancel: Any, empty_ok: bool = False, lease: bool = False,
+              writable: bool = False) -> Optional[np.ndarray]:
         """A view; None if cancelled, or if empty_ok and nothing is queued."""
         kb = _key_cache.get(key) if type(key) is str else None
         if kb is None:
@@ -718,12 +678,12 @@ class Rendezvous:
         if rc < 0 and _keep_waiting(rc, step, t):
             rc = _blocking(lambda ns: recv(h, kb, len(kb), ns, cancel, info), _left(t, step))
         if rc == 0:
-            return self._view(info)
+            return self._view(info, writable)
         if (rc == -errno.EAGAIN and empty_ok) or rc == -errno.ECANCELED:
             return None
         self._fail(rc, f"recv {key!r}")
 
-    def recv(self, key: str, *, timeout: Optional[float] = None, lease: bool = False) -> np.ndarray:
+    def recv(self, key: str, *, timeout: Optional[float] = None, lease: bool = False, writable: bool = False) -> np.ndarray:
         """Take the oldest message under ``key``, waiting for one if none is
         queued: up to ``timeout`` seconds (None: forever), then
         ``RendezvousTimeout``. A spinning-then-sleeping wait: a receiver that
@@ -740,15 +700,19 @@ class Rendezvous:
         messages queued meanwhile, once the dead process is reclaimed (see
         ``collect_garbage``). They are freed instead if the rendezvous is
         aborted, or if the key index is full and the key was deleted. Letting
-        the view go frees the message as without a lease."""
-        view = self._recv(key, timeout, ffi.NULL, False, lease)
+        the view go frees the message as without a lease.
+
+        writable=True: the view is writable. A received message is this
+        receiver's alone, so writing into it touches nobody else's data; a
+        leased message goes back to its key with what was written."""
+        view = self._recv(key, timeout, ffi.NULL, False, lease, writable)
         assert view is not None  # only a cancelled recv_async returns None
         return view
 
-    def try_recv(self, key: str, *, lease: bool = False) -> Optional[np.ndarray]:
+    def try_recv(self, key: str, *, lease: bool = False, writable: bool = False) -> Optional[np.ndarray]:
         """Like ``recv`` but never blocks: the view, or None when nothing is
-        queued. ``lease`` as in ``recv``."""
-        return self._recv(key, 0, ffi.NULL, True, lease)
+        queued. ``lease`` and ``writable`` as in ``recv``."""
+        return self._recv(key, 0, ffi.NULL, True, lease, writable)
 
     def recv_async(self, key: str) -> "Future[np.ndarray]":
         """Start a ``recv`` in the background; returns a ``concurrent.futures.Future``.

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import shmrdv
-from shmrdv import auth, protocol
-from shmrdv.protocol import Frame
+from shmrdv.bridge import auth, protocol
+from shmrdv.bridge.protocol import Frame
 
 from .bridges import BridgeProc, write_token
 from .conftest import MiB, kill_process, wait_for

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import shmrdv
-from shmrdv.outbox import OUTBOX_KEY
+from shmrdv.bridge.outbox import OUTBOX_KEY
 
 from .bridges import BridgeProc, run_threads, write_token
 from .conftest import MiB, _new_name, _remove_segment, wait_for

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shmrdv
-from shmrdv import auth, protocol
-from shmrdv.protocol import Frame
+from shmrdv.bridge import auth, protocol
+from shmrdv.bridge.protocol import Frame
 
 from .bridges import BridgeProc, write_token
 from .conftest import MiB, _new_name, _remove_segment

@@ -12,7 +12,7 @@ import os
 import struct
 from typing import Optional, Union
 
-from .errors import InvalidArgument, InvalidType
+from ..errors import InvalidArgument, InvalidType
 
 Token = Union[str, bytes, None]
 

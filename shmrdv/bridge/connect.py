@@ -16,10 +16,12 @@ import numpy as np
 
 from . import auth, protocol
 from .auth import Token
-from .bridge_link import LinkSettings, new_origin, open_socket
-from .errors import Aborted, InvalidArgument, InvalidType, MessageTooLarge, RendezvousError, RendezvousTimeout
+from .link import LinkSettings, new_origin, open_socket
+from ..errors import Aborted, InvalidArgument, InvalidType, MessageTooLarge, RendezvousError, RendezvousTimeout
 from .protocol import Ack, ConnectionLost, Frame, ProtocolError, RecvError, Role
-from .rendezvous import _dtype_code, _key_bytes, _timeout_ns
+from ..codec import dtype_code as _dtype_code
+from ..codec import key_bytes as _key_bytes
+from ..codec import timeout_ns as _timeout_ns
 
 
 class _Conn:

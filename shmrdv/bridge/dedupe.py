@@ -11,7 +11,7 @@ import threading
 from typing import Dict, List, Tuple
 
 from .protocol import window_add, window_has
-from .rendezvous import MAX_MARKS, Rendezvous
+from ..rendezvous import MAX_MARKS, Rendezvous
 
 
 class Origin:

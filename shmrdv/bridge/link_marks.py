@@ -8,7 +8,7 @@ import struct
 import threading
 from typing import Optional, Tuple
 
-from .rendezvous import MAX_MARKS, Rendezvous
+from ..rendezvous import MAX_MARKS, Rendezvous
 
 INBOUND_MARKS = 48
 

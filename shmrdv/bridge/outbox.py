@@ -14,8 +14,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from ._binding import ffi
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 from .protocol import MAX_DTYPE, MAX_KEY, MAX_NDIM, ProtocolError, check_dtype
 
 OUTBOX_KEY = "\x1bshmrdv/outbox"
@@ -105,8 +104,7 @@ def stamp(view: Any, origin: int, seq: int) -> None:
     before it is acknowledged and it comes back to the outbox (a leased
     receive), the next bridge sends it under the same number, and the far
     side recognises it if it already committed it."""
-    address = view.__array_interface__["data"][0]
-    ffi.buffer(ffi.cast("char *", address + _STAMP_OFF), _STAMP.size)[:] = _STAMP.pack(origin, seq)
+    view[_STAMP_OFF : _STAMP_OFF + _STAMP.size] = np.frombuffer(_STAMP.pack(origin, seq), np.uint8)
 
 
 def payload_array(buf: np.ndarray, payload_off: int, dtype: np.dtype, shape: Tuple[int, ...]) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .errors import RendezvousError
+from ..errors import AuthenticationError, ConnectionLost, ProtocolError  # noqa: F401 (re-exported)
 
 VERSION = 1
 MAGIC = b"SHMRDV"
@@ -71,18 +71,6 @@ class RecvError(enum.IntEnum):
     INVALID = 3
     EMPTY = 4  # try_recv found nothing
     FAILED = 5
-
-
-class ProtocolError(RendezvousError):
-    """A peer sent something this protocol does not allow; the connection is dropped."""
-
-
-class ConnectionLost(RendezvousError, ConnectionError):
-    """The bridge connection closed or failed."""
-
-
-class AuthenticationError(RendezvousError):
-    """The peer does not hold the same token (or refused ours)."""
 
 
 _HELLO = struct.Struct("<6sHQ32s")

@@ -6,14 +6,16 @@ bridge URL (``tcp://hostB:7700`` or ``tls://...``). A key whose parsed
 is remote; the longest matching prefix wins. Keys that do not parse as TF
 keys, and keys under no route, stay local.
 """
+import math
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
+from ..codec import dtype_code
+from ..errors import InvalidArgument, InvalidType, MessageTooLarge, RendezvousError
+from ..keys import parse_key
 from . import outbox
 from .auth import Token, normalize_token
-from .errors import InvalidArgument, InvalidType
-from .keys import parse_key
 from .protocol import parse_url
 
 _MAX_CACHED = 4096
@@ -75,23 +77,36 @@ class Routes:
             self._by_key[key] = url
         return url
 
-    def envelope_head(self, url: bytes, kb: bytes, dtype_code: bytes, shape: Tuple[int, ...], nbytes: int) -> Tuple[bytes, int]:
-        return outbox.head(url, self._token, self._ca, kb, dtype_code, shape, nbytes)
+    def envelope_head(self, url: bytes, kb: bytes, code: bytes, shape: Tuple[int, ...], nbytes: int) -> Tuple[bytes, int]:
+        return outbox.head(url, self._token, self._ca, kb, code, shape, nbytes)
 
-
-def announce(rdv: Any, routes: "Routes") -> None:
-    """Tell this host's bridge about every route (an empty envelope each),
-    without waiting: with the arena full, the first send announces instead."""
-    from .errors import RendezvousError
-
-    for url in sorted(set(routes.table.values())):
-        head, off = routes.envelope_head(url.encode("ascii"), outbox.ANNOUNCE_KEY, b"|u1", (0,), 0)
-        envelope = rdv.alloc(outbox.OUTBOX_KEY, (off,), np.uint8, timeout=0)
-        try:
-            with RemoteAllocation(envelope, head, off, np.dtype(np.uint8), (0,)):
+    def announce(self, rdv: Any) -> None:
+        """Tell this host's bridge about every route (an empty envelope each),
+        without waiting: with the arena full, the first send announces instead."""
+        for url in sorted(set(self._routes.values())):
+            head, off = self.envelope_head(url.encode("ascii"), outbox.ANNOUNCE_KEY, b"|u1", (0,), 0)
+            try:
+                envelope = rdv.alloc(outbox.OUTBOX_KEY, (off,), np.uint8, timeout=0)
+                with RemoteAllocation(envelope, head, off, np.dtype(np.uint8), (0,)):
+                    pass
+            except RendezvousError:
                 pass
-        except RendezvousError:
-            pass
+
+    def alloc(self, rdv: Any, url: bytes, key: str, dtype: np.dtype, shape: Tuple[int, ...], timeout: Optional[float]) -> "RemoteAllocation":
+        """``alloc`` of a routed key: an outbox envelope for this host's bridge."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        head, off = self.envelope_head(url, key.encode("utf-8"), dtype_code(dtype), shape, nbytes)
+        try:
+            envelope = rdv.alloc(outbox.OUTBOX_KEY, (off + nbytes,), np.uint8, timeout=timeout)
+        except MessageTooLarge as exc:
+            raise MessageTooLarge(f"send {key!r}: {exc}") from None
+        return RemoteAllocation(envelope, head, off, dtype, shape)
+
+    def send(self, rdv: Any, url: bytes, key: str, array: Any, timeout: Optional[float]) -> None:
+        """``send`` of a routed key: still one copy, into the envelope."""
+        arr = rdv._sendable(array)
+        with self.alloc(rdv, url, key, arr.dtype, arr.shape, timeout) as dst:
+            np.copyto(dst, arr)
 
 
 class RemoteAllocation:

@@ -18,9 +18,9 @@ import numpy as np
 
 from . import auth, protocol
 from .dedupe import Origin, Origins
-from .errors import Aborted, InvalidArgument, InvalidType, MessageTooLarge, RendezvousError, RendezvousTimeout
+from ..errors import Aborted, InvalidArgument, InvalidType, MessageTooLarge, RendezvousError, RendezvousTimeout
 from .protocol import Ack, ConnectionLost, Frame, ProtocolError, RecvError, Role
-from .rendezvous import Rendezvous
+from ..rendezvous import Rendezvous
 
 log = logging.getLogger("shmrdv.bridge")
 
@@ -162,7 +162,7 @@ class Inbound:
             partial = any(not inc.skip for inc in self._incoming.values())
             try:
                 alloc = self.rdv.alloc(meta.key, meta.shape, meta.dtype, timeout=0 if partial else None)
-                arr = alloc.__enter__()
+                arr = alloc.open()
             except RendezvousTimeout:
                 self._retry(seq, meta)
             except (InvalidArgument, InvalidType, MessageTooLarge, Aborted) as exc:
@@ -316,7 +316,7 @@ class Inbound:
         for inc in self._incoming.values():
             if inc.alloc is not None:
                 inc.buf = None
-                inc.alloc.__exit__(ConnectionLost, None, None)  # frees the half-received block
+                inc.alloc.discard()  # frees the half-received block
         self._incoming.clear()
         for fut in list(self._waiting.values()):
             fut.cancel()

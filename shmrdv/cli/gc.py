@@ -4,9 +4,9 @@ segments that no live process has attached (their pending messages go too)."""
 import argparse
 import os
 
-from .errors import RendezvousError
-from .rendezvous import Rendezvous, unlink_segment
-from .segments import others, segment_names
+from ..errors import RendezvousError
+from ..rendezvous import Rendezvous, unlink_segment
+from ..segments import others, segment_names
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

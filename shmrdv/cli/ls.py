@@ -5,9 +5,9 @@ attaching reclaims what dead processes held: those show as "dead, reclaimed"."""
 import argparse
 import os
 
-from .errors import RendezvousError
-from .rendezvous import Rendezvous
-from .segments import human_bytes, others, segment_names, segment_path
+from ..errors import RendezvousError
+from ..rendezvous import Rendezvous
+from ..segments import human_bytes, others, segment_names, segment_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

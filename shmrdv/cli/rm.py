@@ -3,8 +3,8 @@ keep their mapping until they close; nothing is left in /dev/shm after."""
 import argparse
 import os
 
-from .rendezvous import unlink_segment
-from .segments import segment_path
+from ..rendezvous import unlink_segment
+from ..segments import segment_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

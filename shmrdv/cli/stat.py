@@ -6,8 +6,8 @@ import argparse
 import os
 import time
 
-from .rendezvous import Rendezvous
-from .segments import human_bytes, others
+from ..rendezvous import Rendezvous
+from ..segments import human_bytes, others
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
