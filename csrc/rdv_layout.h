@@ -21,9 +21,9 @@
 #define RDV_LINE 64u
 #define RDV_GRANULE 64u /* arena allocation unit and payload alignment */
 #define RDV_GRANULE_BITS 30 /* a granule index or block length fits 30 bits */
-#define RDV_MAX_ARENA ((1ULL << 36) - RDV_PAGE) /* granule indexes fit RDV_GRANULE_BITS */
+#define RDV_MAX_ARENA ((uint64_t)RDV_MAX_ARENA_BYTES) /* shmrdv.h; granule indexes fit RDV_GRANULE_BITS */
 #define RDV_MIN_BLOCK 4u /* granules: a free block holds its start tag, two links, its end tag */
-#define RDV_MAX_PROCS 128 /* processes attached at once (handles, really) */
+/* RDV_MAX_PROCS (shmrdv.h): processes attached at once (handles, really) */
 #define RDV_PROC_WAITS 46 /* concurrent waits per handle that survive its death */
 
 /* Segregated free lists (two-level, TLSF-style): first level by the top set
@@ -117,6 +117,8 @@ struct rdv_header {
     struct rdv_arena_ctl arena;
 };
 
+_Static_assert(RDV_MAX_ARENA == (1ULL << (RDV_GRANULE_BITS + 6)) - RDV_PAGE && RDV_GRANULE == 1u << 6,
+               "the largest arena's granule indexes fit RDV_GRANULE_BITS");
 _Static_assert(offsetof(struct rdv_header, version) == 8, "the version is where every layout had it");
 _Static_assert(offsetof(struct rdv_header, hash_seed) == 1 * RDV_LINE, "line 1");
 _Static_assert(offsetof(struct rdv_header, leases_dropped) == RDV_LINE + 28, "leases_dropped (tests read it)");
@@ -136,6 +138,13 @@ _Static_assert(sizeof(struct rdv_header) <= RDV_HEADER_BYTES, "header fits its p
  * while nobody holds its byte lock belongs to a dead process. */
 
 enum { RDV_PROC_FREE = 0, RDV_PROC_ALIVE = 1, RDV_PROC_RECLAIMING = 2 };
+
+/* The creator's byte lock: from before the file has a size until magic is
+ * published, the creating handle holds an open-file-description write lock on
+ * this byte, just past the process table's bytes. An attacher that finds
+ * magic still 0 tells a creator still initialising (the byte is locked) from
+ * one that died (nobody holds it: the kernel dropped the lock). */
+#define RDV_CREATOR_LOCK_BYTE RDV_MAX_PROCS
 
 #define RDV_WAIT_SLEEPING 0x80000000u /* in a wait record: also counted in sleepers */
 

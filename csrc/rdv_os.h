@@ -31,10 +31,11 @@ int rdv_byte_locked_by_other(int fd, uint64_t byte);
 int rdv_file_reserve(int fd, uint64_t len);
 /* fd's size, or -errno. */
 int64_t rdv_file_size(int fd);
-/* Map len bytes of fd at offset 0, shared, read-write, faulted in now: a
- * first touch of a shared page costs ~8x a copy into it. NULL on failure
- * with *err = -errno. */
-void *rdv_map(int fd, size_t len, int *err);
+/* Map len bytes of fd at offset 0, shared, read-write, faulted in now (best
+ * effort): a first touch of a shared page costs ~8x a copy into it. fresh:
+ * the file was just reserved and no page of it touched yet (creation), which
+ * changes how pages are best faulted in. NULL on failure with *err = -errno. */
+void *rdv_map(int fd, size_t len, int fresh, int *err);
 /* Map len bytes of fd read-only (to read a header), NULL on failure. */
 const void *rdv_map_readonly(int fd, size_t len, int *err);
 void rdv_unmap(const void *p, size_t len);

@@ -25,9 +25,9 @@ static void plan(struct layout *l, uint64_t arena_size, uint64_t slots) {
     l->total = l->arena_off + arena_size;
 }
 
-static int map_segment(int fd, const struct layout *l, rdv_t **out) {
+static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
     int err = 0;
-    uint8_t *base = rdv_map(fd, l->total, &err);
+    uint8_t *base = rdv_map(fd, l->total, fresh, &err);
     if (!base)
         return err;
     rdv_t *h = calloc(1, sizeof *h);
@@ -110,10 +110,16 @@ int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **o
         slots *= 2;
     struct layout l;
     plan(&l, round_up(arena_size, RDV_PAGE), slots);
-    int rc = rdv_file_reserve(fd, l.total);
+    /* Held until rdv_segment_publish, or dropped with the caller's file
+     * description if creation fails or we die: attachers that meanwhile
+     * find magic 0 wait while it is held (see rdv_segment_attach). */
+    int rc = rdv_byte_lock(fd, RDV_CREATOR_LOCK_BYTE);
     if (rc < 0)
         return rc;
-    rc = map_segment(fd, &l, out);
+    rc = rdv_file_reserve(fd, l.total);
+    if (rc < 0)
+        return rc;
+    rc = map_segment(fd, &l, 1, out);
     if (rc < 0)
         return rc;
     struct rdv_header *khdr = (*out)->khdr; /* a new tmpfs file reads as zeros */
@@ -135,14 +141,17 @@ void rdv_segment_publish(rdv_t *h) {
     /* release: publishes every field the creator wrote; pairs with the
      * acquire load of magic in validate() */
     smp_store_release(&h->khdr->magic, RDV_MAGIC);
+    /* After the publish: an attacher that sees the byte free and then reads
+     * magic finds it set, unless the creator died before publishing. */
+    rdv_byte_unlock(h->fd, RDV_CREATOR_LOCK_BYTE);
 }
 
 /* Check a header read from an untrusted file against the layout it claims. */
-static int validate(const struct rdv_header *khdr, uint64_t file_size, struct layout *l) {
+static int validate(const struct rdv_header *khdr, uint64_t file_size, int creating, struct layout *l) {
     /* acquire: pairs with the creator's release store of magic */
     uint64_t magic = smp_load_acquire(&khdr->magic);
     if (magic == 0)
-        return -EAGAIN; /* still being created */
+        return creating ? -EAGAIN : -EOWNERDEAD; /* still being created, or never will be */
     if (magic != RDV_MAGIC)
         return -EPROTO;
     if (khdr->version != RDV_LAYOUT_VERSION || khdr->header_size != sizeof *khdr)
@@ -164,11 +173,16 @@ static int validate(const struct rdv_header *khdr, uint64_t file_size, struct la
 }
 
 int rdv_segment_attach(int fd, rdv_t **out) {
+    /* Whether a creator is still at work, asked before the file is read: a
+     * creator that publishes after this sees its magic read as set below. */
+    int creating = rdv_byte_locked_by_other(fd, RDV_CREATOR_LOCK_BYTE);
     int64_t size = rdv_file_size(fd);
     if (size < 0)
         return (int)size;
+    if (size == 0)
+        return creating ? -EAGAIN : -EOWNERDEAD;
     if ((uint64_t)size < RDV_PAGE)
-        return size == 0 ? -EAGAIN : -EPROTO;
+        return -EPROTO;
     int err = 0;
     /* identity and version sit in line 0, and an old layout's header may
      * be one page: read the first page only */
@@ -176,11 +190,11 @@ int rdv_segment_attach(int fd, rdv_t **out) {
     if (!khdr)
         return err;
     struct layout l;
-    int rc = validate(khdr, (uint64_t)size, &l);
+    int rc = validate(khdr, (uint64_t)size, creating, &l);
     rdv_unmap(khdr, RDV_PAGE);
     if (rc < 0)
         return rc;
-    rc = map_segment(fd, &l, out);
+    rc = map_segment(fd, &l, 0, out);
     if (rc < 0)
         return rc;
     rc = validate_state(*out);

@@ -10,11 +10,15 @@
 
 /* Size and reserve fd for an arena of arena_size bytes and max_keys keys,
  * map it and write the header's identity, but not its magic: the segment
- * is invisible to attachers until rdv_segment_publish. */
+ * is invisible to attachers until rdv_segment_publish. Takes the creator's
+ * byte lock (RDV_CREATOR_LOCK_BYTE) first, on fd's file description, and
+ * rdv_segment_publish drops it. */
 int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out);
 void rdv_segment_publish(rdv_t *h);
 /* Validate the header of an existing segment, map it and check that its
- * running state is in range. -EAGAIN: still being created; -EPROTO: not a
+ * running state is in range. -EAGAIN: still being created (its creator
+ * holds RDV_CREATOR_LOCK_BYTE); -EOWNERDEAD: not initialised and nobody
+ * creating it (its creator died, or has yet to take the lock); -EPROTO: not a
  * segment; -EPROTONOSUPPORT: another layout version; -EBADMSG: damaged;
  * -EFBIG: the file's size disagrees with its header. */
 int rdv_segment_attach(int fd, rdv_t **out);

@@ -11,6 +11,13 @@
 #define RDV_REASON_MAX 1024
 #define RDV_NAME_MAX 200
 #define RDV_MAX_MARKS 64
+/* The largest arena a rendezvous can have: 2^36 - 4096 bytes (64 GiB less a
+ * page), so that every granule index fits RDV_GRANULE_BITS (rdv_layout.h).
+ * Arena sizes are multiples of 4096 bytes. */
+#define RDV_MAX_ARENA_BYTES 68719472640
+/* Handles attached to one segment at once: the size of its process table
+ * (rdv_layout.h); rdv_procs never reports more. */
+#define RDV_MAX_PROCS 128
 /* The shared layout's version: attach refuses a segment of another one. It
  * sits at byte 8 of every segment (after the magic), in every version. */
 #define RDV_LAYOUT_VERSION 5

@@ -21,7 +21,7 @@ from .errors import (
     TooManyKeys,
 )
 from .keys import ParsedKey, create_key, parse_key
-from .rendezvous import DEFAULT_SIZE, Rendezvous
+from .rendezvous import DEFAULT_SIZE, MAX_SIZE, Rendezvous
 from .stats import KeyInfo, ProcessInfo, Stats
 
 
@@ -52,6 +52,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidType",
     "KeyInfo",
+    "MAX_SIZE",
     "MessageTooLarge",
     "ParsedKey",
     "ProcessInfo",

@@ -1,7 +1,7 @@
 """The binding layer: the compiled core, and the one place where its
 ``-errno`` return codes become Python exceptions."""
 import errno
-from typing import Callable, Dict, NoReturn, Optional
+from typing import Callable, Dict, NoReturn, Optional, Tuple, Type
 
 from ._native import ffi, lib  # noqa: F401  (re-exported to the other modules)
 from .errors import (
@@ -14,29 +14,45 @@ from .errors import (
     TooManyKeys,
 )
 
-_ERRORS: Dict[int, Callable[[str], Exception]] = {
-    errno.ETIMEDOUT: lambda what: RendezvousTimeout(f"{what}: timed out"),
-    errno.EAGAIN: lambda what: RendezvousTimeout(f"{what}: would block"),
-    errno.EMSGSIZE: lambda what: MessageTooLarge(f"{what}: message larger than the arena can ever hold"),
-    errno.ENOSPC: lambda what: TooManyKeys(f"{what}: key index full (raise max_keys)"),
-    errno.EINVAL: lambda what: InvalidArgument(f"{what}: invalid argument"),
-    errno.EBADF: lambda what: RendezvousError(f"{what}: rendezvous is closed"),
-    errno.EBADMSG: lambda what: SegmentMismatch(f"{what}: segment metadata is damaged or inconsistent"),
-    errno.EPROTO: lambda what: SegmentMismatch(f"{what}: not a shmrdv segment (bad magic)"),
-    errno.EPROTONOSUPPORT: lambda what: SegmentMismatch(f"{what}: segment has another layout version"),
-    errno.EFBIG: lambda what: SegmentMismatch(f"{what}: segment size does not match its header"),
-    errno.EUSERS: lambda what: RendezvousError(f"{what}: too many handles attached (128)"),
-    errno.ENOTUNIQ: lambda what: RendezvousError(f"{what}: two keys share a 128-bit hash; the message was left queued"),
+# errno -> (exception class, what the code says when the caller knows no more)
+_ERRORS: Dict[int, Tuple[Type[RendezvousError], str]] = {
+    errno.ETIMEDOUT: (RendezvousTimeout, "timed out"),
+    errno.EAGAIN: (RendezvousTimeout, "would block"),
+    errno.EMSGSIZE: (MessageTooLarge, "message larger than the arena can ever hold: it can never fit"),
+    errno.ENOSPC: (TooManyKeys, "key index full (raise max_keys)"),
+    errno.EINVAL: (InvalidArgument, "invalid argument"),
+    errno.EBADF: (RendezvousError, "rendezvous is closed"),
+    errno.EBADMSG: (SegmentMismatch, "segment metadata is damaged or inconsistent"),
+    errno.EPROTO: (SegmentMismatch, "not a shmrdv segment (bad magic)"),
+    errno.EPROTONOSUPPORT: (SegmentMismatch, "segment has another layout version"),
+    errno.EFBIG: (SegmentMismatch, "segment size does not match its header"),
+    errno.EOWNERDEAD: (SegmentMismatch, "segment never initialised: its creator died"),
+    errno.EUSERS: (RendezvousError, "too many handles attached (128)"),
+    errno.ENOTUNIQ: (RendezvousError, "two keys share a 128-bit hash; the message was left queued"),
 }
 
 
-def raise_rc(rc: int, what: str, abort_reason: Optional[Callable[[], str]] = None) -> NoReturn:
-    """Raise the exception for a negative return code of the C core;
-    ``abort_reason`` reads the reason an aborted rendezvous carries."""
+def raise_rc(
+    rc: int,
+    what: str,
+    abort_reason: Optional[Callable[[], str]] = None,
+    *,
+    name: Optional[str] = None,
+    explain: Optional[Callable[[int], Optional[str]]] = None,
+) -> NoReturn:
+    """Raise the exception for a negative return code of the C core.
+
+    ``what`` names the operation; ``abort_reason`` reads the reason an
+    aborted rendezvous carries and ``name`` is the rendezvous (both for
+    ``Aborted``). ``explain(errno)`` gives the whole message when the caller
+    knows more than the code says (a message's sizes, a full arena's
+    figures), or None to keep the code's own."""
     code = -rc
     if code == errno.ECONNABORTED:
-        raise Aborted(abort_reason() if abort_reason is not None else "aborted")
-    make = _ERRORS.get(code)
-    if make is not None:
-        raise make(what)
+        raise Aborted(abort_reason() if abort_reason is not None else "aborted", name)
+    entry = _ERRORS.get(code)
+    if entry is not None:
+        cls, text = entry
+        message = explain(code) if explain is not None else None
+        raise cls(message if message is not None else f"{what}: {text}")
     raise RendezvousError(f"{what}: {errno.errorcode.get(code, code)} ({code})")

@@ -74,6 +74,65 @@ def dtype_of(code: bytes) -> np.dtype:
 
 
 
+SEND_ACCEPTS = ("send takes a numpy array, or an array-like of numbers that numpy turns into one (a number, "
+                "or lists/tuples of numbers nested to a regular shape); its dtype must be numeric, bool, "
+                "datetime64, timedelta64 or a fixed-width string")
+
+
+def _all_text(obj: object) -> bool:
+    if isinstance(obj, (str, bytes)):
+        return True
+    return isinstance(obj, (list, tuple)) and all(_all_text(item) for item in obj)
+
+
+def _describe(obj: object) -> str:
+    """What a value is, for a message: its type, and for a list or tuple the types inside."""
+    if obj is None:
+        return "None"
+    kind = type(obj).__name__
+    if isinstance(obj, (list, tuple)):
+        inner: Dict[str, None] = {}
+        stack = [obj]
+        while stack and len(inner) < 6:
+            for item in stack.pop():
+                if isinstance(item, (list, tuple)):
+                    stack.append(item)
+                else:
+                    inner.setdefault(type(item).__name__, None)
+        return f"a {kind} of {', '.join(inner) or 'nothing'}" if inner else f"an empty {kind}"
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
+def as_sendable(obj: object) -> np.ndarray:
+    """The array that ``send`` copies for ``obj``: an ndarray as it is, an
+    array-like through ``np.asarray``; ``InvalidType`` (saying what send
+    takes) for what numpy can only hold as objects (a dict, None, a list of
+    mixed objects), a ragged list, or a list of numbers and strings that
+    numpy would silently turn into strings."""
+    if isinstance(obj, np.ndarray):
+        dtype_code(obj.dtype)
+        return obj
+    try:
+        arr = np.asarray(obj)
+    except (TypeError, ValueError) as exc:
+        raise InvalidType(f"cannot send {_describe(obj)} ({exc}): {SEND_ACCEPTS}") from exc
+    if arr.dtype.kind == "O" or arr.dtype.fields is not None:
+        raise InvalidType(f"cannot send {_describe(obj)}: {SEND_ACCEPTS}")
+    if arr.dtype.kind in "SU" and not _all_text(obj) and not isinstance(obj, np.generic):
+        raise InvalidType(f"cannot send {_describe(obj)}: numpy would turn its elements into strings "
+                          f"({arr.dtype}); {SEND_ACCEPTS}. Send the numbers and the strings apart, "
+                          f"or convert them first with np.asarray")
+    dtype_code(arr.dtype)
+    return arr
+
+
 def dtype_sendable(dtype: np.dtype) -> bool:
     """Whether arrays of dtype can be sent: the one test of admissibility."""
     return dtype.kind in _DTYPE_KINDS and dtype.fields is None and dtype.subdtype is None and dtype.itemsize > 0
+
+
+def fit_text(text: str, limit: int) -> str:
+    """text cut to at most limit bytes of UTF-8, on a character boundary: for
+    reasons built from other text (a peer's, an exception's) that must fit."""
+    data = text.encode("utf-8")
+    return text if len(data) <= limit else data[:limit].decode("utf-8", "ignore")

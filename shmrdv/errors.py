@@ -4,6 +4,7 @@ Classes that describe a builtin condition also derive from the builtin, so
 callers can catch either: ``RendezvousTimeout`` is a ``TimeoutError``,
 ``InvalidArgument`` a ``ValueError``, ``InvalidType`` a ``TypeError``.
 """
+from typing import Any, Optional, Tuple
 
 
 class RendezvousError(Exception):
@@ -11,11 +12,24 @@ class RendezvousError(Exception):
 
 
 class Aborted(RendezvousError):
-    """The rendezvous was aborted (by any attached process); ``reason`` says why."""
+    """The rendezvous was aborted (by any attached process); ``reason`` says
+    why, as given to ``abort``. ``name`` is the rendezvous when known; the
+    message then also says that an abort is permanent and how to start
+    again."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
+    def __init__(self, reason: str, name: Optional[str] = None) -> None:
+        if name is None:
+            message = reason
+        else:
+            message = (f"rendezvous {name!r} was aborted: {reason}. An abort is permanent: every send and "
+                       f"recv on it fails from now on; to start again remove it (shmrdv rm {name}) and "
+                       f"create it anew, or use a new name")
+        super().__init__(message)
         self.reason = reason
+        self.name = name
+
+    def __reduce__(self) -> Tuple[Any, Tuple[str, Optional[str]]]:
+        return (type(self), (self.reason, self.name))
 
 
 class RendezvousTimeout(RendezvousError, TimeoutError):

@@ -16,12 +16,12 @@ import numpy as np
 import posix_ipc
 
 from ._binding import ffi, lib, raise_rc
-from .codec import _MAX_CACHED, _dtype_codes, _key_cache
+from .codec import _MAX_CACHED, _dtype_codes, _key_cache, as_sendable
 from .codec import dtype_code as _dtype_code
 from .codec import dtype_of as _dtype_of
 from .codec import key_bytes as _key_bytes
 from .codec import timeout_ns as _timeout_ns
-from .errors import InvalidArgument, InvalidType, RendezvousError, SegmentMismatch
+from .errors import InvalidArgument, InvalidType, RendezvousError, RendezvousTimeout, SegmentMismatch
 from .stats import KeyInfo, ProcessInfo, Stats
 
 DEFAULT_SIZE = 64 << 20
@@ -31,9 +31,53 @@ SEGMENT_PREFIX = "/shmrdv-"
 
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,%d}\Z" % lib.RDV_NAME_MAX)
 _MAX_PROCS = 128  # the segment's process table (RDV_MAX_PROCS)
-_ATTACH_WAIT_S = 2.0  # how long an attacher waits for a creator to finish initialising
+OPEN_TIMEOUT = 60.0
+"""Seconds ``Rendezvous(...)`` waits, by default, for the creator of a
+segment that is still initialising it (see ``timeout``)."""
+# An uninitialised segment nobody is creating is judged dead only once its
+# file is this old: covers a creator between creating the file and taking
+# its creator's lock (a few microseconds, unless it is descheduled).
+_CREATOR_GRACE_S = 1.0
+_PAGE = 4096
+MAX_SIZE = int(lib.RDV_MAX_ARENA_BYTES)
+"""The largest arena a rendezvous can have, in bytes (2**36 - 4096, about 64 GiB)."""
+_MSG_HEADER = 64  # sizeof(struct rdv_msg), csrc/rdv_layout.h
 
 
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def _block_bytes(key_len: int, ndim: int, nbytes: int) -> Tuple[int, int]:
+    """(block, header) bytes a message takes in the arena, as the core counts
+    them for its size check (rdv_meta_bytes in csrc/rdv_queue.c): a header of
+    rdv_msg, shape, strides, key and position rounded up to 64, then the payload."""
+    meta = _round_up(_MSG_HEADER + 16 * ndim + key_len + 8, 64)
+    return meta + nbytes, meta
+
+
+def _arena_size(size: object) -> int:
+    """Check a ``size=`` argument: a multiple of 4096 in [4096, MAX_SIZE]."""
+    size = _positive_int(size, "size")
+    if size > MAX_SIZE:
+        raise InvalidArgument(f"size={size} is over the limit of a rendezvous: at most {MAX_SIZE} bytes "
+                              f"(64 GiB less 4 KiB)")
+    if size % _PAGE:
+        below, above = size // _PAGE * _PAGE, _round_up(size, _PAGE)
+        nearest = f"size={above}" if below == 0 else f"size={below} or size={above}"
+        raise InvalidArgument(f"size must be a multiple of {_PAGE} bytes (a page), got size={size}: use {nearest}")
+    return size
+
+
+def _private_name() -> str:
+    return f"private-{os.getpid()}-{os.urandom(6).hex()}"  # not secrets: it loads hmac
+
+
+def _unlink_private(name: str, pid: int) -> None:
+    # Only the creating process removes a private rendezvous: never a child
+    # that inherited the object through fork and exits normally.
+    if os.getpid() == pid:
+        unlink_segment(name)
 
 
 def _segment_version(path: str) -> str:
@@ -249,7 +293,8 @@ class Allocation:
         payload = ffi.cast("void **", out + 1)
         rc = _blocking(lambda ns: lib.rdv_send_begin(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, nbytes, ns, out, payload), self._timeout_ns)
         if rc < 0:
-            rdv._fail(rc, f"alloc {self._key!r}")
+            timeout = None if self._timeout_ns < 0 else self._timeout_ns / 1e9
+            rdv._fail(rc, f"alloc {self._key!r}", partial(rdv._explain_space, f"alloc {self._key!r}", len(kb), ndim, nbytes, timeout))
         self._h, self._pos = h, out[0]
         buf = np.frombuffer(ffi.buffer(ffi.gc(payload[0], rdv._unref), nbytes), dtype=dtype)
         return buf if ndim == 1 else buf.reshape(shape)
@@ -322,11 +367,31 @@ class Rendezvous:
     ``Rendezvous(name)`` attaches to the rendezvous ``name`` if it exists and
     creates it otherwise (``create=True``: create or ``FileExistsError``;
     ``create=False``: attach or ``FileNotFoundError``). ``size`` is the arena's
-    payload capacity in bytes (default 64 MiB; header and key index come on
-    top) and ``max_keys`` how many keys may be live at once (default scales
-    with size); both only matter when creating. The segment is created mode
-    0600 as ``/dev/shm/shmrdv-NAME`` and lives until ``unlink()``: messages
-    survive the processes that sent them.
+    payload capacity in bytes: a multiple of 4096, at most ``MAX_SIZE`` (about
+    64 GiB); default 64 MiB; header and key index come on top. ``max_keys``
+    is how many keys may be live at once (default scales with size). Both
+    only apply when creating: attaching with a ``size`` or ``max_keys`` the
+    existing segment does not have raises ``SegmentMismatch``. The segment is
+    created mode 0600 as ``/dev/shm/shmrdv-NAME`` and lives until
+    ``unlink()``: messages survive the processes that sent them.
+
+    ``timeout``: how long to wait (seconds; None: as long as it takes) for a
+    creator that is still initialising the segment, e.g. reserving a big
+    arena; default ``OPEN_TIMEOUT`` (60 s). A segment whose creator died
+    before initialising it raises ``SegmentMismatch`` at once, naming it;
+    ``shmrdv rm NAME`` removes it.
+
+    ``Rendezvous()`` with no name opens a private rendezvous for this process
+    and the processes it hands it to: it gets a unique name
+    (``private-PID-RANDOM``, see ``name``), is always created, and is
+    unlinked when this handle closes (``close``, the ``with`` block's end,
+    garbage collection) or this process exits normally. Pass it to children
+    (``multiprocessing`` arguments, pickling): each attaches by name, and a
+    child's handle never unlinks it. Children that attach after the creator
+    closed it find nothing (``FileNotFoundError``); those already attached
+    keep working. A creator killed by a signal (SIGKILL) cannot unlink it:
+    ``shmrdv gc --unlink-orphans`` removes segments no live process has
+    attached.
 
     ``routes`` maps TF device prefixes to the bridges of other hosts, e.g.
     ``{"/job:worker/replica:0/task:1": "tcp://hostB:7700"}``, with the shared
@@ -340,7 +405,7 @@ class Rendezvous:
 
     def __init__(
         self,
-        name: str,
+        name: Optional[str] = None,
         *,
         size: Optional[int] = None,
         create: Optional[bool] = None,
@@ -348,36 +413,65 @@ class Rendezvous:
         routes: Optional[Mapping[str, str]] = None,
         token: Union[str, bytes, None] = None,
         tls_ca: Optional[str] = None,
+        timeout: Optional[float] = OPEN_TIMEOUT,
     ) -> None:
         self._h = None
+        self._finalizer: Optional[weakref.finalize] = None
         self._routes: Any = None if routes is None else _router(routes, token, tls_ca)
         self._forked = False
         self._pending: "weakref.WeakSet[_RecvFuture]" = weakref.WeakSet()
+        private = name is None
+        if private:
+            if create is False:
+                raise InvalidArgument("Rendezvous() with no name creates a private rendezvous: create=False needs a name")
+            name, create = _private_name(), True
         if not isinstance(name, str):
             raise InvalidType(f"name must be a str, not {type(name).__name__}")
         if not _NAME_RE.match(name):
             raise InvalidArgument(f"name must be 1..{lib.RDV_NAME_MAX} characters of [A-Za-z0-9._-]: {name!r}")
         if create not in (None, True, False):
             raise InvalidType(f"create must be None, True or False, not {create!r}")
-        req_size = None if size is None else _positive_int(size, "size")
+        req_size = None if size is None else _arena_size(size)
         arena = DEFAULT_SIZE if req_size is None else req_size
         keys = max(1024, min(arena // 4096, 1 << 20)) if max_keys is None else _positive_int(max_keys, "max_keys")
+        wait_ns = _timeout_ns(timeout)
         self._name = name
         self._path = SEGMENT_PREFIX + name
-        self._h = self._open(arena, keys, create)
+        self._h = self._open(arena, keys, create, wait_ns)
         self._capacity = int(lib.rdv_capacity(self._h))
-        if req_size is not None and not self._created and self._capacity != -(-req_size // 4096) * 4096:
-            self.close()
-            raise SegmentMismatch(f"rendezvous {name!r} exists with capacity {self._capacity}, not size={req_size}")
+        if private:
+            self._finalizer = weakref.finalize(self, _unlink_private, name, os.getpid())
+        if not self._created:
+            self._check_attached(req_size, max_keys)
         self._attach_handle(self._h)
         if self._routes is not None:
             self._routes.announce(self)
 
+    def _check_attached(self, size: Optional[int], max_keys: Optional[int]) -> None:
+        """An attach that asked for a size or max_keys gets a segment that has them."""
+        differ = []
+        if size is not None and size != self._capacity:
+            differ.append(("size", self._capacity, size))
+        if max_keys is not None:
+            out = ffi.new("struct rdv_stats *")
+            if lib.rdv_stats(self._h, out) == 0 and out.max_keys != max_keys:
+                differ.append(("max_keys", int(out.max_keys), max_keys))
+        if not differ:
+            return
+        self.close()
+        has = " and ".join(f"{what}={value}" for what, value, _ in differ)
+        asked = " and ".join(f"{what}={value}" for what, _, value in differ)
+        raise SegmentMismatch(
+            f"rendezvous {self._name!r} already exists with {has}, not the {asked} asked for (size and "
+            f"max_keys only apply when creating it): attach without them, or with {has}; or remove it "
+            f"first (shmrdv rm {self._name}) to create it anew with {asked}")
+
     # ---- lifecycle ---------------------------------------------------------
 
-    def _open(self, arena: int, max_keys: int, create: Optional[bool]) -> Any:
+    def _open(self, arena: int, max_keys: int, create: Optional[bool], wait_ns: int = -1) -> Any:
         out = ffi.new("rdv_t **")
-        deadline = time.monotonic() + _ATTACH_WAIT_S
+        deadline = None if wait_ns < 0 else time.monotonic() + wait_ns / 1e9
+        pause = 0.001
         while True:
             if create is not False:
                 try:
@@ -405,13 +499,26 @@ class Rendezvous:
                 continue  # unlinked between our create and attach attempts
             try:
                 rc = lib.rdv_attach(shm.fd, out)
+                age = time.time() - os.fstat(shm.fd).st_ctime if rc == -errno.EOWNERDEAD else 0.0
             finally:
                 shm.close_fd()
-            if rc == -errno.EAGAIN and time.monotonic() < deadline:
-                time.sleep(0.001)  # its creator is still initialising it
+            if rc in (-errno.EAGAIN, -errno.EOWNERDEAD):
+                # EAGAIN: its creator is alive and still initialising it.
+                # EOWNERDEAD: nobody is: a creator that died, unless the file
+                # is so new that its creator may not have locked it yet.
+                late = deadline is not None and time.monotonic() >= deadline
+                if rc == -errno.EOWNERDEAD and (age >= _CREATOR_GRACE_S or late):
+                    raise SegmentMismatch(
+                        f"rendezvous {self._name!r} was never initialised: the process that created its segment "
+                        f"died before finishing (or it is not a shmrdv segment); remove it (shmrdv rm {self._name}) "
+                        f"and open it again")
+                if late:
+                    raise RendezvousTimeout(
+                        f"attaching to rendezvous {self._name!r}: its creator is alive but still initialising "
+                        f"it after {wait_ns / 1e9:g} s; pass a longer timeout= (None waits as long as it takes)")
+                time.sleep(pause)
+                pause = min(2 * pause, 0.05)
                 continue
-            if rc == -errno.EAGAIN:
-                raise SegmentMismatch(f"rendezvous {self._name!r} was never initialised by its creator")
             if rc == -errno.EPROTONOSUPPORT:
                 raise SegmentMismatch(
                     f"attaching to rendezvous {self._name!r}: its segment has layout version "
@@ -439,14 +546,23 @@ class Rendezvous:
     def close(self) -> None:
         """Detach this handle; idempotent. Views and ``alloc`` buffers already
         handed out stay valid until they are dropped; pending ``recv_async``
-        futures are cancelled. The segment stays (see ``unlink``)."""
+        futures are cancelled. The segment stays (see ``unlink``), except
+        that closing the handle that created a private rendezvous
+        (``Rendezvous()``) unlinks it."""
         h, self._h = self._h, None
         self._forked = False
-        if h is None:
-            return
-        for fut in list(self._pending):
-            fut.cancel()
-        lib.rdv_close(h)
+        if h is not None:
+            for fut in list(self._pending):
+                fut.cancel()
+            lib.rdv_close(h)
+        if self._finalizer is not None:
+            self._finalizer()  # a private rendezvous: unlinked (in its creating process only)
+
+    @property
+    def private(self) -> bool:
+        """Whether this handle created a private rendezvous (``Rendezvous()``),
+        which it unlinks when it closes."""
+        return self._finalizer is not None
 
     def unlink(self) -> None:
         """Remove the segment's name; idempotent. Processes still attached keep
@@ -502,9 +618,49 @@ class Rendezvous:
             self._h = None
             self._forked = True
             self._pending = weakref.WeakSet()
+        if self._finalizer is not None:
+            # A private rendezvous is the parent's to unlink, not this child's.
+            self._finalizer.detach()
+            self._finalizer = None
 
-    def _fail(self, rc: int, what: str) -> NoReturn:
-        raise_rc(rc, what, self._abort_reason)
+    def _fail(self, rc: int, what: str, explain: Optional[Callable[[int], Optional[str]]] = None) -> NoReturn:
+        raise_rc(rc, what, self._abort_reason, name=self._name, explain=explain)
+
+    def _constructor(self, size: int) -> str:
+        """How to make a rendezvous like this one with another size, for messages."""
+        return f"Rendezvous(size={size})" if self.private else f"Rendezvous({self._name!r}, size={size})"
+
+    def _explain_space(self, what: str, key_len: int, ndim: int, nbytes: int, timeout: Optional[float], code: int) -> Optional[str]:
+        """The message of a send or alloc that found no room: one that can
+        never fit (EMSGSIZE) or a wait for space that ran out (ETIMEDOUT)."""
+        block, meta = _block_bytes(key_len, ndim, nbytes)
+        cap = self._capacity
+        if code == errno.EMSGSIZE:
+            needs = (f"{what}: the message needs a block of {block} bytes ({nbytes} of payload, {meta} of header), "
+                     f"more than this rendezvous's {cap}-byte arena, so it can never fit however much is freed")
+            size = _round_up(block, _PAGE)
+            if size > MAX_SIZE:
+                return f"{needs}; no rendezvous can hold it either (at most size={MAX_SIZE}, about 64 GiB): send it in parts"
+            remove = "" if self.private else f" (remove this one first: shmrdv rm {self._name})"
+            return (f"{needs}; create the rendezvous with room for it{remove}: {self._constructor(size)} "
+                    f"holds one such message, a larger size several at once")
+        if code != errno.ETIMEDOUT:
+            return None
+        try:
+            st, procs = self.stats(), self.processes()
+        except RendezvousError:
+            return None
+        views = sum(p.views for p in procs)
+        view_bytes = sum(p.view_bytes for p in procs)
+        writing = sum(p.writing for p in procs)
+        waited = "with timeout=0" if timeout == 0 else f"after {timeout:g} s"
+        held = f"{st.bytes_used} bytes held by {views} views ({view_bytes} bytes) and {st.pending_messages} pending messages"
+        if writing:
+            held += f" and {writing} blocks being written"
+        return (f"{what}: timed out {waited} waiting for a free block of {block} bytes: arena full: {st.bytes_free} bytes "
+                f"free (largest free block {st.largest_free}), {held}. A received view keeps its space until it and every "
+                f"array derived from it are gone (del them): receive what is pending, drop views no longer needed, or "
+                f"create the rendezvous with a larger size than its {cap} bytes")
 
     def _abort_reason(self) -> str:
         buf = ffi.new("char[]", lib.RDV_REASON_MAX)
@@ -517,12 +673,7 @@ class Rendezvous:
 
     @staticmethod
     def _sendable(array: object) -> np.ndarray:
-        try:
-            arr = np.asarray(array)
-        except (TypeError, ValueError) as exc:
-            raise InvalidType(f"cannot send {type(array).__name__}: {exc}") from exc
-        _dtype_code(arr.dtype)
-        return arr
+        return as_sendable(array)
 
     def send(self, key: str, array: Any, *, timeout: Optional[float] = None) -> None:
         """Queue a copy of ``array`` under ``key``; a later (or waiting) ``recv``
@@ -559,7 +710,7 @@ class Rendezvous:
             if rc < 0 and _keep_waiting(rc, step, t):
                 rc = _blocking(lambda ns: lib.rdv_send(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, src, nbytes, ns), _left(t, step))
             if rc < 0:
-                self._fail(rc, f"send {key!r}")
+                self._fail(rc, f"send {key!r}", partial(self._explain_space, f"send {key!r}", len(kb), ndim, nbytes, timeout))
             return
         with Allocation(self, key, kb, dtype, arr.shape, t) as dst:
             np.copyto(dst, arr)
@@ -742,11 +893,17 @@ class Rendezvous:
 
     def abort(self, reason: str) -> None:
         """Abort the rendezvous for every attached process: pending and future
-        ``send``/``recv`` raise ``Aborted(reason)``; queued messages are freed.
-        Views already received stay valid. The first reason given wins."""
+        ``send``/``recv`` raise ``Aborted`` (its ``reason`` is ``reason``);
+        queued messages are freed. Views already received stay valid. The
+        first reason given wins. Permanent: the segment stays aborted until it
+        is removed (``shmrdv rm NAME``, ``unlink``). ``reason`` is at most
+        1024 bytes of UTF-8 (``InvalidArgument`` otherwise)."""
         if not isinstance(reason, str):
             raise InvalidType(f"reason must be a str, not {type(reason).__name__}")
-        rb = reason.encode("utf-8")[: lib.RDV_REASON_MAX]
+        rb = reason.encode("utf-8")
+        if len(rb) > lib.RDV_REASON_MAX:
+            raise InvalidArgument(f"abort reason is {len(rb)} bytes of UTF-8, more than the {lib.RDV_REASON_MAX} "
+                                  f"a rendezvous keeps: shorten it")
         rc = lib.rdv_abort(self._handle(), rb, len(rb))
         if rc < 0:
             raise_rc(rc, "abort")

@@ -1,0 +1,198 @@
+"""``Rendezvous()`` with no name: a private rendezvous for this process tree.
+
+It gets a unique name, children it is passed to attach by pickling, and it is
+unlinked when the creating handle closes or the creating process exits
+normally; nothing is left in /dev/shm."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import shmrdv
+
+from .conftest import MiB, SHM_DIR, segment_path
+
+SAMPLE = """\
+from shmrdv import Rendezvous
+rdv = Rendezvous()
+rdv.send("key", [1, 2, 3])
+print(rdv.recv("key"))
+"""
+
+
+def private_segments(pid: int):
+    return glob.glob(os.path.join(SHM_DIR, f"shmrdv-private-{pid}-*"))
+
+
+@pytest.fixture
+def leaves_nothing():
+    """Fail if a private rendezvous of this process is left in /dev/shm; remove it anyway."""
+    before = set(private_segments(os.getpid()))
+    yield
+    left = set(private_segments(os.getpid())) - before
+    for path in left:
+        os.unlink(path)
+    assert not left, f"private segments left behind: {sorted(left)}"
+
+
+def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run code in a fresh interpreter; remove any private segment it leaves (after reporting it)."""
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    finally:
+        process.kill()
+        process.wait()
+    left = private_segments(process.pid)
+    for path in left:
+        os.unlink(path)
+    result = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    result.left = left
+    return result
+
+
+@pytest.mark.timeout(60)
+def test_the_sample_prints_the_array_and_leaves_nothing_in_dev_shm():
+    result = run_python(SAMPLE)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[1 2 3]\n"
+    assert result.stderr == ""  # no ResourceWarning, no traceback
+    assert result.left == []
+
+
+def test_a_private_rendezvous_has_a_unique_name_and_is_unlinked_when_closed(leaves_nothing):
+    first, second = shmrdv.Rendezvous(size=MiB), shmrdv.Rendezvous(size=MiB)
+    assert first.private and second.private
+    assert first.name != second.name
+    assert first.name.startswith(f"private-{os.getpid()}-")
+    assert os.path.exists(segment_path(first.name))
+    first.close()
+    assert not os.path.exists(segment_path(first.name))
+    first.close()  # idempotent
+    with second:
+        second.send("k", np.arange(3))
+    assert not os.path.exists(segment_path(second.name))
+
+
+def test_a_garbage_collected_private_rendezvous_is_unlinked(leaves_nothing):
+    rdv = shmrdv.Rendezvous(size=MiB)
+    path = segment_path(rdv.name)
+    with pytest.warns(ResourceWarning):
+        del rdv
+        import gc
+
+        gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_handles_that_attach_by_name_never_unlink_it(leaves_nothing):
+    with shmrdv.Rendezvous(size=MiB) as rdv:
+        with shmrdv.Rendezvous(rdv.name, create=False) as other:
+            assert not other.private
+            other.send("k", np.arange(3))
+        assert os.path.exists(segment_path(rdv.name))
+        np.testing.assert_array_equal(rdv.recv("k", timeout=5), [0, 1, 2])
+
+
+def test_a_private_rendezvous_cannot_be_asked_to_exist(leaves_nothing):
+    with pytest.raises(shmrdv.InvalidArgument, match="create=False needs a name"):
+        shmrdv.Rendezvous(create=False)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ending", ["sys.exit(0)", "pass", "raise SystemExit(3)"], ids=["sys.exit", "end-of-script", "exit-3"])
+def test_unlinked_when_the_creating_process_exits_normally(ending):
+    code = textwrap.dedent(f"""\
+        import sys
+        import numpy as np
+        import shmrdv
+        rdv = shmrdv.Rendezvous(size=1 << 20)
+        rdv.send("k", np.arange(10))
+        view = rdv.recv("k")  # a view still held at exit
+        print(rdv.name, flush=True)
+        {ending}
+        """)
+    result = run_python(code)
+    assert result.returncode == (3 if "3" in ending else 0), result.stderr
+    name = result.stdout.strip()
+    assert name.startswith("private-")
+    assert result.left == []
+    assert not os.path.exists(segment_path(name))
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_that_exits_normally_leaves_it_to_the_parent():
+    code = textwrap.dedent("""\
+        import os, sys
+        import numpy as np
+        import shmrdv
+        rdv = shmrdv.Rendezvous(size=1 << 20)
+        pid = os.fork()
+        if pid == 0:
+            rdv.send("from-child", np.arange(3), timeout=10)
+            sys.exit(0)  # runs the child's exit handlers: they must not unlink the parent's rendezvous
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert os.path.exists("/dev/shm/shmrdv-" + rdv.name), "the child unlinked it"
+        print(rdv.recv("from-child", timeout=10).tolist())
+        """)
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[0, 1, 2]\n"
+    assert result.left == []
+
+
+def child_sends_to_parent(rdv):
+    """Spawned child: got the parent's private rendezvous by pickling."""
+    assert not rdv.private
+    rdv.send("from-child", np.array([1, 2, 3]), timeout=30)
+    ack = rdv.recv("ack", timeout=30)
+    assert int(ack[0]) == 7
+    rdv.close()  # a child's close never unlinks it
+
+
+@pytest.mark.timeout(120)
+def test_a_spawned_child_given_the_rendezvous_sends_to_the_parent(children, leaves_nothing):
+    rdv = shmrdv.Rendezvous(size=MiB)
+    try:
+        child = children.start(child_sends_to_parent, rdv)
+        np.testing.assert_array_equal(rdv.recv("from-child", timeout=60), [1, 2, 3])
+        rdv.send("ack", np.array([7]))
+        children.join()
+        assert child.exitcode == 0
+        assert os.path.exists(segment_path(rdv.name))  # the child's exit left it alone
+    finally:
+        rdv.close()
+    assert not os.path.exists(segment_path(rdv.name))
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_creator_leaves_it_for_gc_unlink_orphans():
+    code = textwrap.dedent("""\
+        import os, signal
+        import shmrdv
+        rdv = shmrdv.Rendezvous(size=1 << 20)
+        print(rdv.name, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """)
+    process = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, timeout=60)
+    name = process.stdout.strip()
+    assert process.returncode == -signal.SIGKILL and name.startswith("private-")
+    try:
+        assert os.path.exists(segment_path(name))  # nobody could unlink it
+        gc = subprocess.run([sys.executable, "-m", "shmrdv", "gc", "--unlink-orphans", name],
+                            capture_output=True, text=True, timeout=60)
+        assert gc.returncode == 0, gc.stderr
+        assert not os.path.exists(segment_path(name))
+    finally:
+        if name:
+            try:
+                os.unlink(segment_path(name))
+            except FileNotFoundError:
+                pass
