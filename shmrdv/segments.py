@@ -23,11 +23,24 @@ def segment_path(name: str) -> str:
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
+    """A byte count for people, in binary units (1 KiB = 1024 B): "64 B",
+    "4 KiB", "1.5 MiB". A whole number of its unit has no decimals ("16 MiB"),
+    anything else one ("1.0 KiB" is 1025 to 1075 bytes). The one byte format of
+    the command line (ls, stat, demo, bench)."""
+    value = float(n)
+    for unit in _UNITS:
+        if unit == "B":
+            if abs(value) < 1024:
+                return f"{value:.0f} B"
+        else:
+            shown = round(value, 1)
+            if abs(shown) < 1024 or unit == _UNITS[-1]:
+                return f"{value:.0f} {unit}" if value == int(value) else f"{shown:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 def others(processes, pid: int):

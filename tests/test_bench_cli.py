@@ -1,6 +1,8 @@
 """``shmrdv bench`` end to end, in its --smoke mode (a few messages of each kind)."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -48,3 +50,19 @@ def test_bench_rejects_unknown_transport():
     run = subprocess.run([sys.executable, "-m", "shmrdv", "bench", "--transports", "carrier-pigeon"],
                          capture_output=True, text=True, timeout=30)
     assert run.returncode == 2 and "unknown transport" in run.stderr
+
+
+@pytest.mark.timeout(120)
+def test_bench_progress_counts_the_steps_it_takes():
+    """The counter ends at its total: [N/N], N the steps the plan really has (sizes, and
+    round trips per placement: two on two CPUs, one on one)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "shmrdv", "bench", "--smoke", "--transports", "shmrdv,copyto", "--sizes", "64B,4KiB"],
+        capture_output=True, text=True, timeout=100,
+    )
+    assert run.returncode == 0, run.stderr
+    counters = re.findall(r"\[\s*(\d+)/(\d+)\]", run.stderr)
+    placements = 2 if len(os.sched_getaffinity(0)) > 1 else 1
+    total = 2 + 2 * placements + 2 + (2 + 2 + 1)  # shmrdv sizes and round trips, copyto sizes, growth (smoke plan)
+    assert [int(done) for done, _ in counters] == list(range(1, total + 1)), run.stderr
+    assert {int(of) for _, of in counters} == {total}, run.stderr

@@ -45,6 +45,7 @@ def test_ls_stat_gc_rm_with_a_dead_receiver(rdv, children):
     assert code == 0 and "1 live process(es)" in out
     assert os.path.exists(segment_path(rdv.name))  # we are attached: not an orphan
 
+    rdv.close()  # rm leaves alone a rendezvous that live processes use (rm --force: tests/test_cli_errors.py)
     code, out = shmrdv_cli("rm", rdv.name)
     assert code == 0 and "removed" in out and not os.path.exists(segment_path(rdv.name))
 
@@ -105,3 +106,9 @@ def test_stat_and_ls_show_live_and_free_space(rdv):
     assert cells[7:9] == human_bytes(st.bytes_free).split(), line
     assert cells[9:11] == human_bytes(st.largest_free).split(), line
     assert cells[11:13] == ["1", "1"], line  # one pending message, on one key
+
+
+def test_rm_names_the_live_processes_it_leaves_alone(rdv):
+    code, out = shmrdv_cli("rm", rdv.name)
+    assert code == 1 and f"in use by live process(es) {os.getpid()}" in out and "--force" in out, out
+    assert os.path.exists(segment_path(rdv.name))

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import platform
+import queue
 import signal
 import sys
 import time
@@ -341,6 +342,11 @@ def plot(results: Results, path: str) -> None:
     plt.close(figure)
 
 
+def parse_sizes(text: str) -> List[int]:
+    """The --sizes option: comma-separated sizes (``parse_size``), sorted, each once."""
+    return sorted({parse_size(item) for item in text.split(",")})
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--full", action="store_true",
                         help="every size up to 256 MiB, longer runs and every growth step (several minutes)")
@@ -348,8 +354,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a few messages of each kind: checks that everything runs; the figures mean nothing")
     parser.add_argument("--transports", default=",".join(TRANSPORTS),
                         help="comma-separated subset of: " + ", ".join(TRANSPORTS))
-    parser.add_argument("--sizes", type=lambda t: [parse_size(s) for s in t.split(",")],
-                        help="comma-separated message sizes (e.g. 64B,4KiB,16MiB) instead of the mode's")
+    parser.add_argument("--sizes", type=parse_sizes,
+                        help="comma-separated message sizes instead of the mode's: whole numbers of bytes with "
+                             "an optional unit B, K, KiB, M, MiB, G or GiB (case-insensitive; K = KiB = 1024 B), "
+                             "each a multiple of 4 (the arrays are float32), e.g. 64B,4KiB,16MiB")
     parser.add_argument("--no-growth", action="store_true", help="skip the cost-growth measurements")
     parser.add_argument("--json", metavar="FILE", help="write the raw figures as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write a log-log plot of throughput vs size (needs matplotlib)")
@@ -358,29 +366,76 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measure nothing: print the tables (and --plot) of a run saved with --json")
 
 
+class OptionsError(ValueError):
+    """Options of ``shmrdv bench`` that cannot work together: a usage error (exit status 2)."""
+
+
+class MeasurementFailed(Exception):
+    """A measurement of ``shmrdv bench`` failed: a child died, a message did not come or came wrong.
+    The message says which measurement and why, in one line (exit status 1)."""
+
+
+def _load_results(path: str) -> Results:
+    """A run saved with --json. OSError if it cannot be read; ValueError if it is not one."""
+    with open(path) as saved:
+        try:
+            data = json.load(saved)
+        except ValueError as exc:  # not JSON, or not text
+            raise ValueError(f"--from-json {path} is not JSON: {str(exc).splitlines()[0]}") from exc
+    try:
+        return Results(**data)
+    except TypeError:
+        raise ValueError(f"--from-json {path} is not the JSON of shmrdv bench --json") from None
+
+
+def count_steps(plan: Plan, names: List[str], growth: bool) -> int:
+    """How many progress steps a run of `plan` over transports `names` has: what the loops above measure."""
+    placements = len(_placements())
+    steps = sum(len(plan.sizes) + (placements * len(ROUND_TRIP_SIZES) if TRANSPORTS[n].round_trip else 0)
+                for n in names)
+    if growth and "shmrdv" in names:
+        steps += len(plan.pairs) + len(plan.pending_keys) + len(plan.rss_sizes)
+    return steps
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a measurement failed, in one line: the child failure behind a symptom
+    (an EOF, a timeout) if there was one, else the error itself."""
+    failure = untold_failure()
+    if failure is not None and not isinstance(exc, ChildFailed):
+        exc = failure
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# A measurement that fails (a child died, a message did not come or came wrong) ends the run in one line.
+_MEASUREMENT_FAILURES = (AssertionError, TimeoutError, EOFError, queue.Empty)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.full and args.smoke:
-        print("shmrdv bench: --full and --smoke exclude each other", file=sys.stderr)
-        return 2
+        raise OptionsError("--full and --smoke exclude each other")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        print("shmrdv bench: --plot needs matplotlib: pip install 'shmrdv[bench]' (or pip install matplotlib)",
-              file=sys.stderr)
-        return 2
+        raise OptionsError("--plot needs matplotlib: pip install 'shmrdv[bench]' (or pip install matplotlib)")
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.access(folder, os.W_OK):  # found out now, not after the measurements
+            raise OptionsError(f"{option} {path}: cannot write in {folder}")
     if args.from_json:
-        with open(args.from_json) as saved:
-            results = Results(**json.load(saved))
+        results = _load_results(args.from_json)
         print(markdown(results))
         if args.plot:
             plot(results, args.plot)
         return 0
     plan = Plan.for_mode("full" if args.full else "smoke" if args.smoke else "quick")
     if args.sizes:
-        plan.sizes = sorted(args.sizes)
+        plan.sizes = list(args.sizes)
     wanted = [n.strip() for n in args.transports.split(",") if n.strip()]
     unknown = [n for n in wanted if n not in TRANSPORTS]
     if unknown:
-        print(f"shmrdv bench: unknown transport(s) {', '.join(unknown)}; known: {', '.join(TRANSPORTS)}", file=sys.stderr)
-        return 2
+        raise OptionsError(f"unknown transport(s) {', '.join(unknown)}; known: {', '.join(TRANSPORTS)}")
+    if not wanted:
+        raise OptionsError(f"--transports names none; known: {', '.join(TRANSPORTS)}")
     results = Results(machine=machine(), command="shmrdv bench " + " ".join(sys.argv[2:] if len(sys.argv) > 1 else []),
                       mode=plan.mode)
     names = []
@@ -391,10 +446,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"skipping {TRANSPORTS[name].label}: {why}", file=sys.stderr)
         else:
             names.append(name)
-    steps = sum(len(plan.sizes) + (4 * len(ROUND_TRIP_SIZES) if TRANSPORTS[n].round_trip else 0) for n in names)
-    if not args.no_growth:
-        steps += len(plan.pairs) + len(plan.pending_keys) + len(plan.rss_sizes)
-    progress = Progress(steps, args.quiet)
+    progress = Progress(count_steps(plan, names, not args.no_growth), args.quiet)
     m = results.machine
     progress.say(f"shmrdv bench ({plan.mode}): {m['cpu']}, {m['cpus']} CPUs, Linux {m['kernel']}; "
                  f"{len(names)} transports, sizes {', '.join(human_size(s) for s in plan.sizes)}")
@@ -404,9 +456,15 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     try:
         for name in names:
-            _measure_transport(name, plan, results, progress, lifetime)
+            try:
+                _measure_transport(name, plan, results, progress, lifetime)
+            except _MEASUREMENT_FAILURES as exc:
+                raise MeasurementFailed(f"measuring {TRANSPORTS[name].label} failed: {_reason(exc)}") from exc
         if not args.no_growth and "shmrdv" in names:
-            _measure_growth(plan, results, progress, lifetime)
+            try:
+                _measure_growth(plan, results, progress, lifetime)
+            except _MEASUREMENT_FAILURES as exc:
+                raise MeasurementFailed(f"measuring shmrdv cost growth failed: {_reason(exc)}") from exc
     finally:
         leftovers = sweep_segments()
         if leftovers:

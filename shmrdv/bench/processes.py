@@ -6,12 +6,15 @@ import glob
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 import time
+import traceback
 import uuid
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .common import *  # noqa: F403
 
@@ -83,12 +86,166 @@ def _environment(variables: Dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _child_main(cpu: int, lifetime_s: int, target: Callable[..., None], args: Sequence[Any]) -> None:
-    """Entry point of every child: hard lifetime limit, CPU pinning, then `target`."""
+class BenchmarkFailed(AssertionError):
+    """A measurement could not be made: a child failed, hung or answered wrong."""
+
+
+class ChildFailed(BenchmarkFailed):
+    """A child process ended before its work was done; the message says how
+    (its exception, or the signal that killed it); ``child_traceback`` is the
+    traceback of the child's exception, if it had one."""
+
+    def __init__(self, message: str, child_traceback: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.child_traceback = child_traceback
+
+
+def _failure(process: BaseProcess, suffix: str = "") -> ChildFailed:
+    """ChildFailed for `process`, which ended: how (``describe_exit``), and its traceback."""
+    error = _child_error(process)
+    return ChildFailed(describe_exit(process) + suffix, error[1] if error else None)
+
+
+def _exception_line(exc: BaseException) -> str:
+    """``Type: message (at file.py:12 in function)``: where an exception was raised, in one line."""
+    text = str(exc).strip().replace("\n", " ")
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(exc).__name__}{': ' + text if text else ''}{where}"
+
+
+def _child_main(cpu: int, lifetime_s: int, target: Callable[..., None], args: Sequence[Any], errors: Connection) -> None:
+    """Entry point of every child: hard lifetime limit, CPU pinning, then `target`.
+
+    An exception of `target` goes to the parent through `errors` (its line and
+    its traceback), which tells it (``ChildFailed``); the child exits with
+    status 1 without printing it."""
     # The default SIGALRM action ends the process: a bounded life at no cost inside the measured loops.
     signal.alarm(lifetime_s)
     os.sched_setaffinity(0, {cpu})
-    target(*args)
+    try:
+        target(*args)
+    except KeyboardInterrupt:  # Ctrl-C reached the whole process group: the parent tells it
+        sys.exit(128 + signal.SIGINT)
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            errors.send((_exception_line(exc), "".join(traceback.format_exception(exc))))
+        sys.exit(1)
+    finally:
+        errors.close()
+
+
+def describe_exit(process: BaseProcess) -> str:
+    """How a child started by ``Children.start`` ended, in one line: its exception, its signal, or its code."""
+    label = _label(process)
+    try:
+        code = process.exitcode
+    except ValueError:  # closed by Children.cleanup
+        code = getattr(process, "_bench_exitcode", None)
+    if code is None:
+        return f"{label} is still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(-code).name
+            return f"{label} was killed by {name}" + (" (its lifetime limit)" if -code == signal.SIGALRM else "")
+        return f"{label} was killed by signal {-code}"
+    error = _child_error(process)
+    if error is not None:
+        return f"{label} failed: {error[0]}"
+    if code == 128 + signal.SIGINT:
+        return f"{label} was interrupted (SIGINT)"
+    return f"{label} exited with code {code}"
+
+
+def _label(process: BaseProcess) -> str:
+    return f"child {process.pid} ({getattr(process, '_bench_label', 'benchmark child')})"
+
+
+def _child_error(process: BaseProcess) -> Optional[Tuple[str, str]]:
+    """The (line, traceback) a child sent before it exited on an exception, if it did."""
+    if getattr(process, "_bench_error", None) is None:
+        errors = getattr(process, "_bench_errors", None)
+        with contextlib.suppress(OSError, EOFError, ValueError):
+            if errors is not None and errors.poll(0):
+                process._bench_error = errors.recv()  # type: ignore[attr-defined]
+    return getattr(process, "_bench_error", None)
+
+
+# The Children whose unexpected deaths are watched for (SIGCHLD, main thread only),
+# and the SIGCHLD handler there was before the first of them.
+_watched: List["Children"] = []
+_previous_sigchld: Any = None
+
+
+def _told_already() -> bool:
+    """Whether the main thread is already being stopped (Ctrl-C, SIGTERM, exit) or told of a
+    failed child: then that is the reason the run ends. (A symptom of a dead child, such as an
+    EOFError from its pipe, gives way to ChildFailed, which says why.)"""
+    return isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit, ChildFailed))
+
+
+# Failures of children that were found while nothing could be interrupted to tell them
+# (an exception already on its way, a cleanup under way): ``untold_failure`` has them.
+_untold: List[ChildFailed] = []
+
+
+def untold_failure() -> Optional[ChildFailed]:
+    """The first child failure found but not raised since the last call (then forgotten), if any:
+    the reason behind a symptom such as an EOFError or a timeout of a wait on that child."""
+    failure = _untold[0] if _untold else None
+    _untold.clear()
+    return failure
+
+
+# Functions in which an exception raised from the SIGCHLD handler could cut a
+# cleanup short (and leak a child, a segment, a socket): a failure found while
+# one of them is running waits in _untold for its symptom.
+_UNINTERRUPTIBLE = frozenset({"cleanup", "close", "__exit__", "__del__", "start", "join", "_kill", "_launch"})
+
+
+def _interruptible(frame: Any) -> bool:
+    if sys.exc_info()[1] is not None:
+        return False
+    while frame is not None:
+        if frame.f_code.co_name in _UNINTERRUPTIBLE:
+            return False
+        frame = frame.f_back
+    return True
+
+
+def _on_sigchld(signum: int, frame: Any) -> None:
+    """A child ended: if it is one of ours that failed while nobody was joining
+    it, raise ChildFailed in the main thread, which is then waiting (for a
+    message, for space, for an answer) on a child that will never answer.
+    Where raising could cut a cleanup short, keep it for ``untold_failure``
+    (the wait it leaves still ends: at its timeout, or at an EOF)."""
+    if not _told_already():
+        for children in list(_watched):
+            failure = children._unexpected_failure()
+            if failure is None:
+                continue
+            if _interruptible(frame):
+                raise failure
+            _untold.append(failure)
+    if callable(_previous_sigchld):
+        _previous_sigchld(signum, frame)
+
+
+def _watch(children: "Children") -> None:
+    global _previous_sigchld
+    if children in _watched or threading.current_thread() is not threading.main_thread():
+        return  # elsewhere than in the main thread, every wait is still bounded by its timeout
+    if not _watched:
+        _previous_sigchld = signal.signal(signal.SIGCHLD, _on_sigchld)
+    _watched.append(children)
+
+
+def _unwatch(children: "Children") -> None:
+    if children not in _watched:
+        return
+    _watched.remove(children)
+    if not _watched and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, _previous_sigchld if _previous_sigchld is not None else signal.SIG_DFL)
 
 
 class Children:
@@ -96,13 +253,17 @@ class Children:
 
     `join` checks that a child ended by itself and succeeded; `cleanup` kills
     whatever is still alive, so no child outlives its benchmark even when the
-    benchmark failed half-way.
+    benchmark failed half-way. A child that fails while the parent is not
+    joining it (it died on an exception, or was killed) raises ``ChildFailed``
+    in the parent's main thread at once (SIGCHLD), whatever it is waiting for:
+    a dead peer ends the run with its reason instead of a wait for a timeout.
     """
 
     def __init__(self, lifetime_s: int = CHILD_LIFETIME_S) -> None:
         self.context = multiprocessing.get_context("spawn")
         self._lifetime_s = lifetime_s
         self._processes: List[BaseProcess] = []
+        self._settled: List[BaseProcess] = []  # joined, being joined, or already told
 
     def pipe(self) -> Tuple[Connection, Connection]:
         """A duplex pipe; close the child's end in the parent after `start`."""
@@ -110,29 +271,63 @@ class Children:
 
     def start(self, target: Callable[..., None], *args: Any, cpu: int) -> BaseProcess:
         """Start `target(*args)` in a spawned child pinned to `cpu` (a module-level function)."""
-        process = self.context.Process(target=_child_main, args=(cpu, self._lifetime_s, target, args), daemon=True)
-        with _environment(_SINGLE_THREADED_MATH):
-            process.start()
-        self._processes.append(process)
+        errors, child_errors = self.context.Pipe(duplex=False)
+        process = self.context.Process(target=_child_main, args=(cpu, self._lifetime_s, target, args, child_errors),
+                                       daemon=True)
+        process._bench_label = target.__name__.lstrip("_") + (f" {args[0]}" if args and isinstance(args[0], str) else "")  # type: ignore[attr-defined]
+        process._bench_errors = errors  # type: ignore[attr-defined]
+        _watch(self)
+        try:
+            with _environment(_SINGLE_THREADED_MATH):
+                process.start()
+            self._processes.append(process)
+        finally:
+            child_errors.close()
         return process
 
     def join(self, process: BaseProcess, timeout: float = JOIN_TIMEOUT_S) -> None:
         """Wait for `process` to end by itself; fail if it hangs or failed."""
+        self._settled.append(process)
         process.join(timeout)
         if process.is_alive():
             _kill(process)
-            raise AssertionError(f"child {process.pid} still running after {timeout} s: killed")
-        if process.exitcode != 0:
-            raise AssertionError(f"child {process.pid} failed with exit code {process.exitcode}")
+            raise BenchmarkFailed(f"{_label(process)} still running after {timeout} s: killed")
+        if process.exitcode != 0 and not _told_already():
+            raise _failure(process)
+
+    def _unexpected_failure(self) -> Optional[ChildFailed]:
+        """The first child that failed and that nobody joins, told once (in the SIGCHLD handler)."""
+        for process in self._processes:
+            if process in self._settled:
+                continue
+            with contextlib.suppress(ValueError):
+                if process.exitcode not in (None, 0):
+                    self._settled.append(process)
+                    return _failure(process)
+        return None
 
     def cleanup(self) -> None:
-        for process in self._processes:
-            process.join(CLEANUP_GRACE_S)
-            if process.is_alive():
-                _kill(process)
-            if process.exitcode is not None:
-                process.close()
-        self._processes.clear()
+        """Stop and release every child (never raises for one that failed: ``untold_failure`` has it)."""
+        ended_by_themselves = [p for p in self._processes if p not in self._settled]
+        self._settled.extend(self._processes)
+        try:
+            for process in self._processes:
+                process.join(CLEANUP_GRACE_S)
+                if process.is_alive():
+                    _kill(process)
+                    continue  # stopped by us: no failure of its own
+                if process in ended_by_themselves and process.exitcode != 0 and not _told_already():
+                    _untold.append(_failure(process))
+            for process in self._processes:
+                if process.exitcode is not None:
+                    _child_error(process)  # read before its pipe closes
+                    process._bench_exitcode = process.exitcode  # type: ignore[attr-defined]
+                    process._bench_errors.close()  # type: ignore[attr-defined]
+                    process.close()
+            self._processes.clear()
+            self._settled.clear()
+        finally:
+            _unwatch(self)
 
 
 def _kill(process: BaseProcess) -> None:
@@ -156,7 +351,7 @@ def wait_until_ready(child: BaseProcess, receive: Callable[[float], Any]) -> Any
             return receive(0.2)
         except TimeoutError:
             if not child.is_alive():
-                raise AssertionError(f"child {child.pid} exited with code {child.exitcode} before it was ready") from None
+                raise _failure(child, " before it was ready") from None
             if time.monotonic() > deadline:
                 raise
 
@@ -166,10 +361,14 @@ def _reply(control: Connection, child: BaseProcess, timeout: float = STARTUP_TIM
     deadline = time.monotonic() + timeout
     while not control.poll(0.2):
         if not child.is_alive():
-            raise AssertionError(f"child {child.pid} exited with code {child.exitcode}")
+            raise _failure(child)
         if time.monotonic() > deadline:
-            raise AssertionError(f"child {child.pid} did not answer within {timeout} s")
-    return control.recv()
+            raise BenchmarkFailed(f"{_label(child)} did not answer within {timeout} s")
+    try:
+        return control.recv()
+    except (EOFError, OSError):  # its end closed: it is gone, or going
+        child.join(CLEANUP_GRACE_S)
+        raise _failure(child) from None
 
 
 # ---------------------------------------------------------------------------

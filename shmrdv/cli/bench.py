@@ -1,3 +1,18 @@
 """``shmrdv bench``: shmrdv side by side with the transports people use instead
-(the measurements are shmrdv.bench)."""
-from ..bench.command import add_arguments, run  # noqa: F401 (the command's interface)
+(the measurements are shmrdv.bench, which knows nothing of the command line:
+its errors become the command line's here)."""
+import argparse
+
+from ..bench import command
+from ._common import CommandError, UsageError
+
+add_arguments = command.add_arguments
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return command.run(args)
+    except command.OptionsError as exc:
+        raise UsageError(str(exc)) from exc
+    except command.MeasurementFailed as exc:
+        raise CommandError(str(exc)) from exc

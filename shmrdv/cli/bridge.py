@@ -7,19 +7,21 @@ import signal
 import ssl
 import sys
 import threading
-from typing import Any
+from typing import Any, Dict, Optional, Tuple
 
 from ..bridge import auth, protocol
 from ..bridge.link import LinkSettings
 from ..bridge.service import Bridge, is_loopback, log
 from ..errors import InvalidArgument
-from ..rendezvous import Rendezvous
+from ..rendezvous import Rendezvous, unlink_segment
+from ..segments import others
+from ._common import CommandError, UsageError, describe, positive_int, rendezvous_name
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--name", required=True, help="the rendezvous to serve (created if absent)")
+    p.add_argument("--name", required=True, type=rendezvous_name, help="the rendezvous to serve (created if absent)")
     p.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to accept bridges and clients on (port 0: any)")
-    p.add_argument("--size", type=int, default=None, help="arena bytes when creating the rendezvous")
+    p.add_argument("--size", type=positive_int, default=None, help="arena bytes when creating the rendezvous")
     p.add_argument("--token-file", help="file holding the shared token (surrounding whitespace ignored); required off loopback")
     p.add_argument("--tls-cert", help="PEM certificate: serve TLS")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
@@ -31,8 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
-def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level, format="%(asctime)s shmrdv-bridge %(levelname)s %(message)s")
+def _configuration(args: argparse.Namespace) -> Tuple[str, int, bytes, Dict[str, str], Optional[ssl.SSLContext]]:
+    """(host, port, token, routes, TLS context) from the options; UsageError (status 2) if they cannot work."""
     try:
         host, port = protocol.split_host_port(args.listen, allow_any_port=True)
         token = auth.read_token_file(args.token_file) if args.token_file else b""
@@ -48,12 +50,21 @@ def run(args: argparse.Namespace) -> int:
             if not (args.tls_cert and args.tls_key):
                 raise InvalidArgument("--tls-cert and --tls-key go together")
             tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            tls.load_cert_chain(args.tls_cert, args.tls_key)
+            try:
+                tls.load_cert_chain(args.tls_cert, args.tls_key)
+            except (OSError, ssl.SSLError) as exc:
+                raise InvalidArgument(f"cannot load --tls-cert {args.tls_cert} / --tls-key {args.tls_key}: "
+                                      f"{describe(exc)}") from exc
         if not token and not is_loopback(host):
             raise InvalidArgument(f"refusing to listen on {host}, which is not loopback, without --token-file")
-    except (ValueError, OSError, ssl.SSLError) as exc:
-        log.error("%s", exc)
-        return 2
+    except ValueError as exc:
+        raise UsageError(describe(exc)) from exc
+    return host, port, token, routes, tls
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level, format="%(asctime)s shmrdv-bridge %(levelname)s %(message)s")
+    host, port, token, routes, tls = _configuration(args)
     rdv = Rendezvous(args.name, size=args.size)
     settings = LinkSettings(deadline=args.deadline or None)
     bridge = Bridge(rdv, (host, port), token, tls, args.tls_ca, routes, settings, args.drain_timeout)
@@ -68,9 +79,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         bridge.start()
     except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", host, port, exc)
+        # A segment made only to be served goes with the bridge that could not start (unless someone came).
+        created = getattr(rdv, "_created", False) and not any(p.alive for p in others(rdv.processes(), os.getpid()))
         rdv.close()
-        return 1
+        if created:
+            unlink_segment(args.name)
+        raise CommandError(f"cannot listen on {host}:{port}: {describe(exc)}") from exc
     print(f"listening {bridge.address[0]}:{bridge.address[1]}", flush=True)
     try:
         while not stop.wait(0.5):

@@ -11,6 +11,7 @@ from typing import List, Tuple
 import numpy as np
 
 from ..rendezvous import Rendezvous
+from ..segments import human_bytes
 
 _ROUND_TRIPS = 2000
 _STREAMS: List[Tuple[int, int]] = [(4 << 10, 2000), (1 << 20, 400), (16 << 20, 40)]  # (bytes, count)
@@ -39,14 +40,6 @@ def _peer(name: str) -> None:
             for i in range(count):
                 block[0] = i
                 rdv.send(f"copy-{nbytes}", block)
-
-
-def _human(nbytes: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if nbytes < 1024:
-            return f"{nbytes:g} {unit}"
-        nbytes //= 1024
-    return f"{nbytes} TiB"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                         del view  # its space returns to the arena
                     dt = time.perf_counter() - start
                     how = "alloc/recv (zero-copy)" if label == "stream" else "send/recv (one copy)  "
-                    print(f"  {_human(nbytes):>7} x {count:<5} {how}  {count * nbytes / dt / 1e9:6.2f} GB/s   "
+                    print(f"  {human_bytes(nbytes):>7} x {count:<5} {how}  {count * nbytes / dt / 1e9:6.2f} GB/s   "
                           f"{count / dt:9.0f} msg/s")
             peer.join(_JOIN_TIMEOUT_S)
             if peer.exitcode != 0:

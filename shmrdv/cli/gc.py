@@ -3,14 +3,16 @@ held in every (or the named) rendezvous; with --unlink-orphans, also remove
 segments that no live process has attached (their pending messages go too)."""
 import argparse
 import os
+import sys
 
-from ..errors import RendezvousError
 from ..rendezvous import Rendezvous, unlink_segment
 from ..segments import others, segment_names
+from ._common import SEGMENT_ERRORS, about, rendezvous_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("names", nargs="*", metavar="NAME", help="rendezvous to collect (default: all)")
+    parser.add_argument("names", nargs="*", metavar="NAME", type=rendezvous_name,
+                        help="rendezvous to collect (default: all)")
     parser.add_argument("--unlink-orphans", action="store_true",
                         help="remove segments no live process has attached, pending messages included")
 
@@ -23,14 +25,21 @@ def run(args: argparse.Namespace) -> int:
                 reclaimed = rdv.collect_garbage()
                 live = [p for p in others(rdv.processes(), os.getpid()) if p.alive]
                 pending = rdv.stats().pending_messages
-        except (RendezvousError, OSError) as exc:
-            print(f"{name}: {exc}")
+        except SEGMENT_ERRORS as exc:
+            # One name's failure does not stop the others: told here, status 1 at the end.
+            print(f"shmrdv gc: {about(name, exc)}", file=sys.stderr)
             failed = 1
             continue
         # Attaching has already reclaimed the dead it found; count those too.
         line = f"{name}: {len(live)} live process(es) attached; dead reclaimed now: {reclaimed}"
         if args.unlink_orphans and not live:
-            unlink_segment(name)
+            try:
+                unlink_segment(name)
+            except SEGMENT_ERRORS as exc:
+                print(f"{line}; not removed", flush=True)
+                print(f"shmrdv gc: {about(name, exc)}", file=sys.stderr)
+                failed = 1
+                continue
             line += f"; no live process attached: removed ({pending} pending message(s) dropped)"
         print(line)
     return failed

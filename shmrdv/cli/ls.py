@@ -5,9 +5,9 @@ attaching reclaims what dead processes held: those show as "dead, reclaimed"."""
 import argparse
 import os
 
-from ..errors import RendezvousError
 from ..rendezvous import Rendezvous
 from ..segments import human_bytes, others, segment_names, segment_path
+from ._common import SEGMENT_ERRORS, describe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,8 +26,8 @@ def run(args: argparse.Namespace) -> int:
             size = os.path.getsize(segment_path(name))
             with Rendezvous(name, create=False) as rdv:
                 st, procs, dead = rdv.stats(), others(rdv.processes(), os.getpid()), rdv.reclaimed_pids()
-        except (RendezvousError, OSError) as exc:
-            print(f"{name:<32} unreadable: {exc}")
+        except SEGMENT_ERRORS as exc:
+            print(f"{name:<32} unreadable: {describe(exc)}")
             continue
         who = [f"{p.pid}{'' if p.alive else ' (dead)'}" for p in procs] + [f"{pid} (dead, reclaimed)" for pid in dead]
         print(f"{name:<32} {human_bytes(size):>10} {human_bytes(st.capacity):>10} {human_bytes(st.bytes_used):>10} "

@@ -1,23 +1,68 @@
-"""``shmrdv rm NAME...``: remove rendezvous segments. Processes still attached
-keep their mapping until they close; nothing is left in /dev/shm after."""
+"""``shmrdv rm [--force] NAME...``: remove rendezvous segments.
+
+A segment that live processes have attached is left alone (status 1, naming
+them) unless ``--force``: then the rendezvous is aborted first, so that every
+process waiting in it wakes with ``Aborted("removed by shmrdv rm --force")``
+rather than waiting on a segment nobody can reach any more, and then removed.
+Processes still attached keep their mapping until they close; nothing is left
+in /dev/shm after. A segment that cannot be attached (damaged, or of another
+layout version) is removed without asking."""
 import argparse
 import os
+import sys
+from typing import List, Optional
 
-from ..rendezvous import unlink_segment
-from ..segments import segment_path
+from ..rendezvous import Rendezvous, unlink_segment
+from ..segments import others, segment_path
+from ._common import SEGMENT_ERRORS, about, rendezvous_name
+
+ABORT_REASON = "removed by shmrdv rm --force"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("names", nargs="+", metavar="NAME", help="rendezvous to remove")
+    parser.add_argument("names", nargs="+", metavar="NAME", type=rendezvous_name, help="rendezvous to remove")
+    parser.add_argument("--force", action="store_true",
+                        help="also remove segments live processes use: abort the rendezvous first (their waits "
+                             "raise Aborted), then remove it")
+
+
+def _live_pids(name: str, force: bool) -> Optional[List[int]]:
+    """The live processes attached to `name` (aborting it with --force), or None if it cannot be attached."""
+    try:
+        with Rendezvous(name, create=False) as rdv:
+            live = [p.pid for p in others(rdv.processes(), os.getpid()) if p.alive]
+            if live and force:
+                rdv.abort(ABORT_REASON)
+            return live
+    except FileNotFoundError:
+        raise
+    except SEGMENT_ERRORS as exc:
+        print(f"shmrdv rm: {about(name, exc)}; removing it anyway", file=sys.stderr)
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
     failed = 0
     for name in args.names:
-        if not os.path.exists(segment_path(name)):
-            print(f"{name}: no such rendezvous")
+        try:
+            if not os.path.exists(segment_path(name)):
+                raise FileNotFoundError(2, "no such rendezvous", name)
+            live = _live_pids(name, args.force)
+        except FileNotFoundError as exc:
+            print(f"shmrdv rm: {about(name, exc)}", file=sys.stderr)
             failed = 1
             continue
-        unlink_segment(name)
-        print(f"{name}: removed")
+        pids = ", ".join(str(pid) for pid in sorted(set(live or ())))
+        if live and not args.force:
+            print(f"shmrdv rm: {name}: in use by live process(es) {pids}; not removed "
+                  f"(--force aborts their waits and removes it)", file=sys.stderr)
+            failed = 1
+            continue
+        try:
+            unlink_segment(name)
+        except SEGMENT_ERRORS as exc:
+            print(f"shmrdv rm: {about(name, exc)}", file=sys.stderr)
+            failed = 1
+            continue
+        print(f"{name}: removed" + (f" (aborted first: live process(es) {pids})" if live else ""))
     return failed

@@ -8,11 +8,12 @@ import time
 
 from ..rendezvous import Rendezvous
 from ..segments import human_bytes, others
+from ._common import count, rendezvous_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", help="the rendezvous name (its segment is /dev/shm/shmrdv-NAME)")
-    parser.add_argument("--keys", type=int, default=50, help="show at most this many keys (default 50)")
+    parser.add_argument("name", type=rendezvous_name, help="the rendezvous name (its segment is /dev/shm/shmrdv-NAME)")
+    parser.add_argument("--keys", type=count, default=50, help="show at most this many keys (default 50)")
 
 
 def run(args: argparse.Namespace) -> int:

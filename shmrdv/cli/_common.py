@@ -1,0 +1,74 @@
+"""What every command shares: its errors (told in one line by ``main``) and
+the argument types that turn bad input into usage errors (exit status 2)."""
+import argparse
+import re
+
+import posix_ipc
+
+from .. import _binding
+from ..errors import RendezvousError
+
+# The rule Rendezvous applies to a name, checked while parsing the arguments.
+_NAME_MAX = int(_binding.lib.RDV_NAME_MAX)
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,%d}\Z" % _NAME_MAX)
+
+
+# What attaching to, reading or removing a segment may raise besides bugs: told in one line.
+# (posix_ipc's errors, e.g. PermissionsError on another user's segment, are no OSError.)
+SEGMENT_ERRORS = (RendezvousError, OSError, posix_ipc.Error)
+
+
+class CommandError(Exception):
+    """A command failed: ``main`` prints ``shmrdv COMMAND: <message>`` on stderr
+    and exits with ``status`` (1: a runtime error)."""
+
+    status = 1
+
+
+class UsageError(CommandError):
+    """The arguments cannot work together (exit status 2, like argparse's own errors)."""
+
+    status = 2
+
+
+def rendezvous_name(text: str) -> str:
+    """argparse type of a rendezvous name: what Rendezvous accepts, or a usage error."""
+    if not _NAME_RE.match(text):
+        raise argparse.ArgumentTypeError(
+            f"invalid rendezvous name {text!r}: 1..{_NAME_MAX} characters of A-Z a-z 0-9 . _ -")
+    return text
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count or size that must be at least 1."""
+    return _int_at_least(text, 1)
+
+
+def count(text: str) -> int:
+    """argparse type of a count that may be 0."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+    return value
+
+
+def describe(exc: BaseException) -> str:
+    """One line for an error: an OSError as its reason and file, anything else as its message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        names = [repr(n) if isinstance(n, str) else str(n) for n in (exc.filename, exc.filename2) if n is not None]
+        return f"{exc.strerror}: {' -> '.join(names)}" if names else exc.strerror
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def about(name: str, exc: BaseException) -> str:
+    """`describe(exc)`, prefixed with the rendezvous name unless it already names it."""
+    text = describe(exc)
+    return text if repr(name) in text or f" {name}" in text else f"{name}: {text}"
