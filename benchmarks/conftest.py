@@ -1,6 +1,9 @@
 """Fixtures shared by all benchmarks: CPU placement, the peers (one spawned
-child per transport for the whole session), rendezvous names that never leave
-/dev/shm behind, and the report of this run's figures and ratios."""
+child for the transport being measured, released when the benchmarks move on
+to another transport and at the end of each module), rendezvous names that
+never leave /dev/shm behind, the cleanup that stops every child and unlinks
+every segment also when the run is interrupted (Ctrl-C, SIGTERM), and the
+report of this run's figures and ratios."""
 
 from __future__ import annotations
 
@@ -16,8 +19,25 @@ from shmrdv import bench
 
 _REPORT_KEY = pytest.StashKey[list[str]]()
 _RESULTS_KEY = pytest.StashKey[bench.Results]()
-# Session children live as long as the session: the alarm is only a safety net.
-_SESSION_CHILD_LIFETIME_S = 4 * 3600
+# A peer's child lives while the benchmarks of its transport run (minutes): the alarm is only a safety net.
+_PEER_CHILD_LIFETIME_S = 3600
+# Stops this run's children and unlinks its segments on SIGTERM, Ctrl-C and exit.
+_CLEANUP = bench.InterruptCleanup(bench.sweep_segments)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _leave_nothing_behind(pytestconfig: pytest.Config) -> Iterator[None]:
+    """From the first benchmark on: SIGTERM and Ctrl-C stop every child at once
+    and unwind the run; every segment is unlinked at the end (pytest_sessionfinish,
+    and at exit whatever happened). Segments of earlier runs that were killed
+    outright (SIGKILL, the OOM killer) are unlinked first."""
+    stale = bench.sweep_stale_segments()
+    if stale:
+        pytestconfig.stash.setdefault(_REPORT_KEY, []).append(
+            f"unlinked {len(stale)} segment(s) left by earlier runs that were killed: {stale}")
+    _CLEANUP.install()
+    yield
+    _CLEANUP.uninstall()
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +91,16 @@ def rdv_name() -> Iterator[str]:
 
 
 class Peers:
-    """One peer (spawned child + parent endpoint) per transport, started when first asked for."""
+    """The peer (spawned child + parent endpoint) of the transport being measured.
+
+    Consecutive benchmarks of one transport share it (a child costs a
+    second or more to spawn); asking for another transport closes it first.
+    So at most one child is alive, holding the source arrays and segments of
+    one message size (at 256 MiB: 11 source arrays of 2.75 GiB, and the
+    transport's segment), instead of one such child per transport.
+    ``pytest_collection_modifyitems`` runs each module's benchmarks of a
+    transport one after the other.
+    """
 
     def __init__(self) -> None:
         self._open: dict[str, Any] = {}
@@ -85,7 +114,8 @@ class Peers:
             pytest.importorskip("shmrdv")
         peer = self._open.get(name)
         if peer is None:
-            peer = self._open[name] = bench.open_peer(name, child_cpu, _SESSION_CHILD_LIFETIME_S)
+            self.close()  # another transport's child and segments go first
+            peer = self._open[name] = bench.open_peer(name, child_cpu, _PEER_CHILD_LIFETIME_S)
         elif isinstance(peer, bench.Peer):
             peer.pin_child(child_cpu)
         return peer
@@ -102,8 +132,9 @@ class Peers:
             raise errors[0]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def peers() -> Iterator[Peers]:
+    """The module's peers; the last one is closed when the module ends."""
     opened = Peers()
     try:
         yield opened
@@ -125,12 +156,50 @@ def report(pytestconfig: pytest.Config) -> list[str]:
     return pytestconfig.stash.setdefault(_REPORT_KEY, [])
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Within each module, the benchmarks that use a peer run transport by
+    transport (in the order transports first appear), so each transport's
+    child is spawned once per module and released before the next one's
+    (see ``Peers``). Other benchmarks keep their place."""
+    start = 0
+    while start < len(items):
+        end = start
+        module = items[start].nodeid.split("::")[0]
+        while end < len(items) and items[end].nodeid.split("::")[0] == module:
+            end += 1
+        block = items[start:end]
+        slots = [i for i, item in enumerate(block) if _peer_transport(item) is not None]
+        if slots:
+            order: dict[str, int] = {}
+            for i in slots:
+                order.setdefault(_peer_transport(block[i]), len(order))
+            moved = sorted((block[i] for i in slots), key=lambda item: order[_peer_transport(item)])  # stable
+            for i, item in zip(slots, moved):
+                block[i] = item
+            items[start:end] = block
+        start = end
+
+
+def _peer_transport(item: pytest.Item) -> str | None:
+    """The transport of a benchmark that uses ``peers`` ("shmrdv" when it does not say)."""
+    if "peers" not in getattr(item, "fixturenames", ()):
+        return None
+    callspec = getattr(item, "callspec", None)
+    return str(callspec.params.get("transport", "shmrdv")) if callspec is not None else "shmrdv"
+
+
+@pytest.hookimpl(trylast=True)  # after the teardown of every fixture (pytest's own sessionfinish)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    leftovers = bench.sweep_segments()
-    if leftovers:
-        session.config.stash.setdefault(_REPORT_KEY, []).append(
-            f"WARNING: unlinked {len(leftovers)} leftover segment(s): {leftovers}"
-        )
+    if not _CLEANUP.installed:  # no benchmark ran
+        return
+    done = _CLEANUP.finish()
+    lines = session.config.stash.setdefault(_REPORT_KEY, [])
+    if done["stopped"]:
+        lines.append(f"WARNING: stopped {len(done['stopped'])} process(es) still running at the end: {done['stopped']}"
+                     + (f" ({len(done['killed'])} killed)" if done["killed"] else ""))
+    if done["segments"]:
+        lines.append(f"WARNING: unlinked {len(done['segments'])} leftover segment(s): {done['segments']}")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

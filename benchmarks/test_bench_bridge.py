@@ -63,6 +63,16 @@ DEV_B = "/job:b/replica:0/task:0/device:CPU:0"
 # Bridges import numpy: without these, OpenBLAS starts a spinning thread that pinning does not cover.
 _BRIDGE_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 _DRAIN_TIMEOUT_S = 2
+# A bridge gets SIGTERM (its orderly stop) if this process dies without
+# stopping it (SIGKILL, the OOM killer): PR_SET_PDEATHSIG, set by this stub,
+# which then execs the bridge (no preexec_fn in a process with threads).
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit('the benchmark ended before its bridge started')\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n"
+)
 
 
 def message_keys(src: str, dst: str, name: str, count: int) -> list[str]:
@@ -83,11 +93,13 @@ def arena_bytes(nbytes: int) -> int:
 
 
 class BridgeProcess:
-    """``python -m shmrdv bridge`` serving one rendezvous, its threads on `cpus` only."""
+    """``python -m shmrdv bridge`` serving one rendezvous, its threads on `cpus` only;
+    it stops (SIGTERM) if this process dies first."""
 
     def __init__(self, name: str, cpus: set[int], token_file: Path, log_path: Path) -> None:
         self.log_path = log_path
-        command = [sys.executable, "-m", "shmrdv", "bridge", "--name", name, "--listen", "127.0.0.1:0",
+        command = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()),
+                   "-m", "shmrdv", "bridge", "--name", name, "--listen", "127.0.0.1:0",
                    "--token-file", str(token_file), "--drain-timeout", str(_DRAIN_TIMEOUT_S), "--log-level", "WARNING"]
         # The bridge, and every thread it starts, inherits the affinity of the thread that starts it.
         previous = os.sched_getaffinity(0)

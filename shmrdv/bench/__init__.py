@@ -14,7 +14,9 @@ it: each of them lets at most ``DEPTH`` messages be in flight.
 Children are spawned, pinned, bounded (``SIGALRM`` after their lifetime, a
 timeout on every wait, killed on failure) and every shared-memory segment a
 benchmark creates is named ``/dev/shm/shmrdv-bench-<pid>-*`` and unlinked,
-even after a crash of a child (``sweep_segments``).
+even after a crash of a child (``sweep_segments``), on SIGTERM and Ctrl-C
+(``InterruptCleanup``), and after a run that was killed outright, by the next
+run (``sweep_stale_segments``).
 """
 
 from .command import add_arguments, run  # noqa: F401
@@ -22,4 +24,5 @@ from .common import *  # noqa: F401,F403
 from .measure import *  # noqa: F401,F403
 from .processes import *  # noqa: F401,F403
 from .transports import *  # noqa: F401,F403
+from .cleanup import *  # noqa: F401,F403
 from .command import *  # noqa: F401,F403

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 import argparse
+import re
 import numpy as np
+
+from ..segments import human_bytes
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -30,25 +33,45 @@ _STAMP_MODULO = 1 << 24
 DATA_DTYPE = np.float32
 
 
+# Rendezvous(size=...) takes whole pages of this many bytes.
+SIZE_ALIGN = 4096
+
+
+def whole_pages(nbytes: int) -> int:
+    """`nbytes` rounded up to a size a rendezvous takes (a multiple of SIZE_ALIGN)."""
+    return -(-nbytes // SIZE_ALIGN) * SIZE_ALIGN
+
+
 def arena_bytes(nbytes: int) -> int:
     """Arena of the shmrdv rendezvous used for messages of `nbytes` (default size, or 4 messages)."""
     return max(64 * MiB, 4 * nbytes)
 
 
-def human_size(nbytes: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if nbytes < 1024 or unit == "GiB":
-            return f"{nbytes:g} {unit}"
-        nbytes //= 1024
-    raise AssertionError("unreachable")
+# The one byte format of the command line; "human_size" is its name here and in benchmarks/.
+human_size = human_bytes
+
+# --sizes units, case-insensitive; binary all: K = KiB = 1024 B, M = MiB, G = GiB.
+SIZE_UNITS = {"b": 1, "k": KiB, "kib": KiB, "m": MiB, "mib": MiB, "g": 1024 * MiB, "gib": 1024 * MiB}
+_SIZE_RE = re.compile(r"([0-9]+)\s*([a-z]*)\Z")
 
 
 def parse_size(text: str) -> int:
-    units = {"b": 1, "kib": KiB, "k": KiB, "mib": MiB, "m": MiB, "gib": 1024 * MiB, "g": 1024 * MiB}
-    text = text.strip().lower().replace(" ", "")
-    for unit in sorted(units, key=len, reverse=True):
-        if text.endswith(unit) and text[: -len(unit)].isdigit():
-            return int(text[: -len(unit)]) * units[unit]
-    if text.isdigit():
-        return int(text)
-    raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 64B, 4KiB, 16MiB)")
+    """A message size: a whole number of bytes, or of one of B, K, KiB, M, MiB, G, GiB
+    (case-insensitive; K and KiB are both 1024 bytes): "64", "64B", "4k", "16MiB".
+    It must be a positive multiple of the arrays' element size (float32: 4 bytes).
+    Anything else is an argparse.ArgumentTypeError telling what is accepted."""
+    units = "B, K, KiB, M, MiB, G, GiB (case-insensitive; K = KiB = 1024 B)"
+    match = _SIZE_RE.match(text.strip().lower())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text.strip()!r}: a whole number, optionally with one of "
+                                         f"the units {units}, e.g. 64B, 4KiB, 16MiB")
+    if match.group(2) and match.group(2) not in SIZE_UNITS:
+        unit = text.strip()[len(text.strip()) - len(match.group(2)):]
+        raise argparse.ArgumentTypeError(f"unknown unit {unit!r} in {text.strip()!r}: the units are {units}")
+    nbytes = int(match.group(1)) * SIZE_UNITS.get(match.group(2), 1)
+    item = np.dtype(DATA_DTYPE).itemsize
+    if nbytes <= 0 or nbytes % item:
+        raise argparse.ArgumentTypeError(
+            f"size {text.strip()!r} is {nbytes} bytes: messages are {np.dtype(DATA_DTYPE).name} arrays, "
+            f"so a size must be a positive multiple of {item} bytes")
+    return nbytes

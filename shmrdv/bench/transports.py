@@ -69,6 +69,10 @@ class Endpoint:
     segment) and both sides ``enter`` with what it returned.
     """
 
+    # Whether the producer sends from the POOL source arrays (and builds them
+    # up front when asked to): at 256 MiB they take 2.75 GiB.
+    uses_pool = True
+
     def __init__(self, side: int, channel: Any) -> None:
         self.side = side
         self.nbytes = 0
@@ -283,7 +287,7 @@ class ShmrdvEndpoint(Endpoint):
 
     def prepare(self, nbytes: int, pending_keys: int = 0, size: int = 0, **options: Any) -> Any:
         self._drop()
-        arena = size or arena_bytes(nbytes)
+        arena = whole_pages(size or arena_bytes(nbytes))
         max_keys = max(1024, 2 * pending_keys + 1024)
         self.rdv = self.shmrdv.Rendezvous(unique_name(), create=True, size=arena, max_keys=max_keys)
         fill_pending_keys(self.rdv, pending_keys)
@@ -315,6 +319,8 @@ class ShmrdvEndpoint(Endpoint):
 
 class ShmrdvAllocEndpoint(ShmrdvEndpoint):
     """shmrdv ``alloc``/``recv``: the producer writes its message (here: the two stamps) in place."""
+
+    uses_pool = False  # it writes into the arena, never from a source array
 
     def produce(self, count: int, first: int, pool: Pool) -> None:
         rdv, key, shape = self.rdv, self.outbox, (self.nbytes // 4,)
@@ -416,7 +422,7 @@ def _serve(transport_name: str, channel: Any, control: Connection) -> None:
             elif command == "enter":
                 nbytes, spec, prebuild = params
                 endpoint.enter(nbytes, spec)
-                if prebuild:
+                if prebuild and endpoint.uses_pool:
                     pool.build(nbytes)
                 control.send("ok")
             elif command == "produce":
@@ -592,6 +598,7 @@ class LocalCopy:
 
     def close(self) -> None:
         self._destinations = []
+        self._pool = Pool()
 
 
 def open_peer(name: str, child_cpu: int, lifetime_s: int = CHILD_LIFETIME_S) -> Any:

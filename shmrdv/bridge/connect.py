@@ -16,9 +16,10 @@ import numpy as np
 
 from . import auth, protocol
 from .auth import Token
+from .backoff import Backoff
 from .link import LinkSettings, new_origin, open_socket
-from ..errors import Aborted, InvalidArgument, InvalidType, MessageTooLarge, RendezvousError, RendezvousTimeout
-from .protocol import Ack, ConnectionLost, Frame, ProtocolError, RecvError, Role
+from ..errors import Aborted, InvalidArgument, InvalidType, MessageTooLarge, RendezvousError
+from .protocol import Ack, Code, ConnectionLost, Frame, ProtocolError, Role
 from ..codec import dtype_code as _dtype_code
 from ..codec import key_bytes as _key_bytes
 from ..codec import timeout_ns as _timeout_ns
@@ -84,7 +85,7 @@ class RemoteRendezvous:
     def _retrying(self, op: Any, deadline_s: Optional[float]) -> Any:
         """Run op(conn) and retry it on a fresh connection while the bridge
         is unreachable, with exponential backoff, up to the deadline."""
-        delay = self._settings.backoff_initial
+        backoff = Backoff(self._settings.backoff_initial, self._settings.backoff_max)
         limit = None if deadline_s is None else time.monotonic() + deadline_s
         while True:
             try:
@@ -103,10 +104,10 @@ class RemoteRendezvous:
                 else:
                     self._release(conn)
                     return result
+            delay = backoff.next()
             if limit is not None and time.monotonic() + delay > limit:
                 raise err
             time.sleep(delay)
-            delay = min(2 * delay, self._settings.backoff_max)
 
     def _ticket(self) -> int:
         with self._lock:
@@ -152,9 +153,9 @@ class RemoteRendezvous:
                         raise Aborted(protocol.parse_text(body))
                     if kind is not Frame.ACK or stream != seq:
                         raise ProtocolError(f"expected the ACK of {seq}, got {kind.name} {stream}")
-                    status, reason = protocol.parse_ack(body)
+                    status, code, message = protocol.parse_ack(body)
                     if status is Ack.REFUSED:
-                        raise _refusal(reason)
+                        raise protocol.error_for(code, message)
                     return
 
             self._retrying(op, self._settings.deadline if t < 0 else t / 1e9)
@@ -236,7 +237,7 @@ class RemoteRendezvous:
                 if stream != request:
                     raise ProtocolError(f"reply for request {stream}, expected {request}")
                 if kind is Frame.ERROR:
-                    code, text = protocol.parse_error(body)
+                    code, message = protocol.parse_error(body)
                     break
                 if kind is not Frame.ITEM:
                     raise ProtocolError(f"expected ITEM or ERROR, got {kind.name}")
@@ -257,9 +258,9 @@ class RemoteRendezvous:
             conn.close()
             raise
         self._release(conn)  # the bridge answered ERROR: the connection is fine
-        if code is RecvError.EMPTY or (code is RecvError.FAILED and cancelled is not None and cancelled.is_set()):
+        if code is Code.EMPTY or (code is Code.CANCELLED and cancelled is not None and cancelled.is_set()):
             return None
-        raise _recv_error(code, text, key)
+        raise protocol.error_for(code, message)
 
 
 class _RemoteRecvFuture(Future):  # type: ignore[type-arg]
@@ -295,24 +296,6 @@ class _RemoteRecvFuture(Future):  # type: ignore[type-arg]
                 pass
         self._finished.wait(self.CANCEL_WAIT_S)
         return self.cancelled()
-
-
-def _refusal(reason: str) -> RendezvousError:
-    if reason.startswith("MessageTooLarge"):
-        return MessageTooLarge(reason)
-    if reason.startswith("Aborted"):
-        return Aborted(reason.partition(": ")[2])
-    return RendezvousError(reason)
-
-
-def _recv_error(code: RecvError, text: str, key: str) -> RendezvousError:
-    if code is RecvError.ABORTED:
-        return Aborted(text)
-    if code is RecvError.TIMEOUT:
-        return RendezvousTimeout(f"recv {key!r}: timed out")
-    if code is RecvError.INVALID:
-        return InvalidArgument(text)
-    return RendezvousError(text)
 
 
 def protocol_too_large(nbytes: int, capacity: int) -> RendezvousError:

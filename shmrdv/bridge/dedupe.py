@@ -11,7 +11,8 @@ import threading
 from typing import Dict, List, Tuple
 
 from .protocol import window_add, window_has
-from ..rendezvous import MAX_MARKS, Rendezvous
+from ..limits import MAX_MARKS
+from ..rendezvous import Rendezvous
 
 
 class Origin:

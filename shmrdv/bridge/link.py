@@ -22,7 +22,8 @@ import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import auth, outbox, protocol
+from . import auth, backoff, outbox, protocol
+from .backoff import Backoff
 from .link_marks import LinkMark
 from .outbox import Envelope
 from .protocol import Ack, ConnectionLost, Frame, ProtocolError, Role
@@ -33,6 +34,8 @@ log = logging.getLogger("shmrdv.bridge")
 _DIRECT_MAX = 64 << 10  # messages the dispatcher may write itself when the link is idle
 _ABORT_WAIT_S = 5.0  # how long an abort waits for the link's socket before using one of its own
 _STABLE_S = 1.0  # a connection that lasted less than this does not reset the backoff
+_RETRY_INITIAL_S = 0.01  # backoff of a message the remote turned away (ACK RETRY) ...
+_RETRY_MAX_S = 0.5  # ... doubling up to this
 
 
 class LinkSettings:
@@ -265,7 +268,7 @@ class Link:
     # ---- the link thread -------------------------------------------------------
 
     def _run(self) -> None:
-        delay = self._settings.backoff_initial
+        reconnect = Backoff(self._settings.backoff_initial, self._settings.backoff_max)
         down_since: Optional[float] = None
         while True:
             with self._cond:
@@ -287,8 +290,7 @@ class Link:
                     self._on_fatal(f"bridge {self.url} unreachable for {now - down_since:.0f} s: {exc}")
                     return
                 with self._cond:
-                    self._cond.wait(delay)
-                delay = min(2 * delay, self._settings.backoff_max)
+                    self._cond.wait(reconnect.next())
                 continue
             log.info("link to %s is up", self.url)
             down_since = None
@@ -298,10 +300,9 @@ class Link:
                 # Dropped at once (a peer that keeps hanging up): back off
                 # as for a failed connect, or the link would spin.
                 with self._cond:
-                    self._cond.wait(delay)
-                delay = min(2 * delay, self._settings.backoff_max)
+                    self._cond.wait(reconnect.next())
             else:
-                delay = self._settings.backoff_initial
+                reconnect.reset()
 
     def _overdue(self, now: float) -> bool:
         deadline = self._settings.deadline
@@ -406,7 +407,7 @@ class Link:
         sequence order, after a backoff (10 ms doubling to 0.5 s)."""
         out.retry, out.meta_sent, out.offset = False, False, 0
         out.retries += 1
-        out.not_before = time.monotonic() + min(0.01 * 2 ** (out.retries - 1), 0.5)
+        out.not_before = time.monotonic() + backoff.delay(out.retries, _RETRY_INITIAL_S, _RETRY_MAX_S)
         i = 0
         while i < len(self._queue) and self._queue[i].seq < out.seq:
             i += 1
@@ -419,7 +420,7 @@ class Link:
                 kind, length, stream = reader.header()
                 body = reader.body(length)
                 if kind is Frame.ACK:
-                    status, reason = protocol.parse_ack(body)
+                    status, code, message = protocol.parse_ack(body)
                     if status is Ack.REFUSED:
                         # A send that returned can never be delivered: fail
                         # the step, as TensorFlow does, rather than drop it
@@ -427,7 +428,8 @@ class Link:
                         # is aborted just repeats that abort.)
                         out = self._unacked.get(stream)
                         what = out.key.decode("utf-8", "replace") if out is not None else f"message {stream}"
-                        self._on_fatal(f"bridge {self.url} refused {what!r} for good: {reason}")
+                        why = type(protocol.error_for(code, message)).__name__
+                        self._on_fatal(f"bridge {self.url} refused {what!r} for good: {why}: {message}")
                     with self._cond:
                         out = self._unacked.get(stream)
                         if out is None:

@@ -8,7 +8,8 @@ import struct
 import threading
 from typing import Optional, Tuple
 
-from ..rendezvous import MAX_MARKS, Rendezvous
+from ..limits import MAX_MARKS
+from ..rendezvous import Rendezvous
 
 INBOUND_MARKS = 48
 

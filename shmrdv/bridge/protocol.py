@@ -1,4 +1,4 @@
-"""The bridge wire protocol, version 1 (docs/protocol.md is its description).
+"""The bridge wire protocol, version 2 (docs/protocol.md is its description).
 
 Every frame is a 16-byte header, ``type u8, flags u8, reserved u16, length
 u32, stream u64`` (little-endian), then ``length`` bytes of body. A DATA
@@ -6,6 +6,12 @@ body is raw payload bytes, read straight into its destination; every other
 body is a small fixed struct plus strings. Nothing here unpickles anything:
 bodies are parsed with ``struct`` and every length, count and dtype is
 checked against the limits below before anything is allocated.
+
+A refusal or failure crosses as a ``Code`` plus a human-readable message
+(ACK REFUSED, ERROR, REFUSED); ``refusal`` (``code_for``) turns the sender's
+exception into its code and message, and ``error_for`` turns a received code
+back into the exception, in this one place. The limits shared with the core come from ``shmrdv.limits``
+(the C header), the dtype rule from ``shmrdv.codec``.
 """
 import enum
 import math
@@ -15,9 +21,23 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..errors import AuthenticationError, ConnectionLost, ProtocolError  # noqa: F401 (re-exported)
+from .. import limits
+from ..codec import dtype_sendable
+from ..codec import fit_text
+from ..errors import (  # noqa: F401 (AuthenticationError, ConnectionLost, ProtocolError re-exported)
+    Aborted,
+    AuthenticationError,
+    ConnectionLost,
+    InvalidArgument,
+    InvalidType,
+    MessageTooLarge,
+    ProtocolError,
+    RendezvousError,
+    RendezvousTimeout,
+    TooManyKeys,
+)
 
-VERSION = 1
+VERSION = 2  # 2: refusals carry a Code (ACK, REFUSED)
 MAGIC = b"SHMRDV"
 HEADER = struct.Struct("<BBHIQ")
 NONCE_LEN = 32
@@ -26,14 +46,13 @@ MAC_LEN = 32
 MAX_BODY = 64 << 10  # every frame but DATA
 CHUNK = 1 << 20  # DATA frames a sender writes
 MAX_CHUNK = 4 << 20  # DATA frames a receiver accepts
-MAX_KEY = 4096
-MAX_DTYPE = 24
-MAX_NDIM = 32
-MAX_REASON = 1024
+# The core's limits (csrc/shmrdv.h), under the names the wire format uses.
+MAX_KEY = limits.KEY_MAX
+MAX_DTYPE = limits.DTYPE_MAX
+MAX_NDIM = limits.NDIM_MAX
+MAX_REASON = limits.REASON_MAX  # bytes of UTF-8 text in ABORT, ACK, ERROR and REFUSED
 WINDOW = 64  # messages a link may have unacknowledged; the dedupe mark covers as many
-MAX_MESSAGE = 1 << 46  # payload bytes any message may claim (the core's arena limit is 64 GiB)
-
-_DTYPE_KINDS = "biufcmMSU"
+MAX_MESSAGE = 1 << 46  # payload bytes any message may claim (a sanity bound: arenas stop at limits.MAX_ARENA_BYTES, 64 GiB)
 
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -42,14 +61,14 @@ class Frame(enum.IntEnum):
     HELLO = 1  # server -> client: magic, version, capacity, nonce
     AUTH = 2  # client -> server: version, role, origin, nonce, proof
     WELCOME = 3  # server -> client: proof, the origin's dedupe window
-    REFUSED = 4  # server -> client: why; the connection then closes
+    REFUSED = 4  # server -> client: a Code and why; the connection then closes
     MSG = 5  # a message begins on stream = seq: nbytes, key, dtype, shape
     DATA = 6  # payload bytes of the stream's message, in order
-    ACK = 7  # server -> client: the message on stream = seq is committed (or refused)
+    ACK = 7  # server -> client: the message on stream = seq is committed (or refused, with a Code)
     ABORT = 8  # either way: abort the rendezvous, with a reason
     RECV = 9  # client -> server: take a message from a key, on stream = request
     ITEM = 10  # server -> client: the message a RECV took; DATA frames follow
-    ERROR = 11  # server -> client: a RECV ended without a message
+    ERROR = 11  # server -> client: a RECV ended without a message, with a Code
     CANCEL = 12  # client -> server: withdraw the RECV on stream
 
 
@@ -65,19 +84,73 @@ class Ack(enum.IntEnum):
     RETRY = 3  # no room in the arena now: the DATA is discarded, send it again later
 
 
-class RecvError(enum.IntEnum):
-    TIMEOUT = 1
-    ABORTED = 2
-    INVALID = 3
-    EMPTY = 4  # try_recv found nothing
-    FAILED = 5
+class Code(enum.IntEnum):
+    """Why a request was refused or failed: ACK (with status REFUSED), ERROR
+    and REFUSED frames carry one, then a message for humans. A receiver maps
+    an unknown code to FAILED."""
+
+    NONE = 0  # not a refusal: ACK COMMITTED, DUPLICATE, RETRY
+    TIMEOUT = 1  # RendezvousTimeout
+    ABORTED = 2  # Aborted: the message is the abort reason
+    INVALID = 3  # InvalidArgument
+    EMPTY = 4  # a RECV that must not wait found nothing (try_recv)
+    FAILED = 5  # anything else: RendezvousError
+    TOO_LARGE = 6  # MessageTooLarge: can never fit the arena
+    TOO_MANY_KEYS = 7  # TooManyKeys: the key index is full
+    INVALID_TYPE = 8  # InvalidType (e.g. a dtype shmrdv does not send)
+    CANCELLED = 9  # the RECV was withdrawn (CANCEL) before it took a message
+    UNAUTHENTICATED = 10  # AuthenticationError: the handshake failed
+
+
+# The one mapping between refusals and exceptions, both ways: code_for on the
+# side that refuses, error_for on the side that receives the refusal.
+# Subclasses before their bases (RendezvousTimeout is a TimeoutError, etc.).
+_CODES: Tuple[Tuple[type, Code], ...] = (
+    (Aborted, Code.ABORTED),
+    (RendezvousTimeout, Code.TIMEOUT),
+    (MessageTooLarge, Code.TOO_LARGE),
+    (TooManyKeys, Code.TOO_MANY_KEYS),
+    (InvalidType, Code.INVALID_TYPE),
+    (InvalidArgument, Code.INVALID),
+    (AuthenticationError, Code.UNAUTHENTICATED),
+)
+_ERRORS = {code: cls for cls, code in _CODES}
+
+
+def code_for(exc: BaseException) -> Code:
+    """The code that tells a peer about exc (FAILED when no code fits)."""
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code
+    return Code.FAILED
+
+
+def refusal(exc: BaseException) -> Tuple[Code, str]:
+    """The code and message that tell a peer about exc; an abort's message is
+    its reason alone (``Aborted.reason``), as ``abort`` was given it."""
+    code = code_for(exc)
+    return code, exc.reason if isinstance(exc, Aborted) else str(exc)
+
+
+def error_for(code: Code, message: str) -> RendezvousError:
+    """The exception a received refusal stands for (RendezvousError when no
+    exception has that code: FAILED, EMPTY, CANCELLED)."""
+    return _ERRORS.get(code, RendezvousError)(message)
+
+
+def _code(value: int) -> Code:
+    try:
+        return Code(value)
+    except ValueError:
+        return Code.FAILED
 
 
 _HELLO = struct.Struct("<6sHQ32s")
 _AUTH = struct.Struct("<HBxxxxxQQ32s32s")
 _WELCOME = struct.Struct("<32sQQ")
 _META = struct.Struct("<QHBB")
-_ACK = struct.Struct("<B")
+_ACK = struct.Struct("<BB")  # status, code
+_CODE = struct.Struct("<B")
 _RECV = struct.Struct("<q")
 
 
@@ -187,14 +260,18 @@ _dtypes: dict = {}  # code -> dtype, for codes that passed the checks below
 
 
 def check_dtype(code: bytes) -> np.dtype:
+    """The dtype a frame or envelope names; ProtocolError unless it is one
+    shmrdv sends (``codec.dtype_sendable``, the core's own rule)."""
     dtype = _dtypes.get(code)
     if dtype is not None:
         return dtype
+    if not 0 < len(code) <= MAX_DTYPE:
+        raise ProtocolError(f"dtype of {len(code)} bytes")
     try:
         dtype = np.dtype(code.decode("ascii"))
     except (TypeError, ValueError, UnicodeDecodeError):
         raise ProtocolError(f"unreadable dtype {code!r}") from None
-    if dtype.kind not in _DTYPE_KINDS or dtype.fields is not None or dtype.subdtype is not None or dtype.itemsize == 0:
+    if not dtype_sendable(dtype):
         raise ProtocolError(f"dtype {code!r} is not one shmrdv sends")
     if len(_dtypes) < 1024:
         _dtypes[code] = dtype
@@ -231,27 +308,42 @@ def parse_meta(body: bytes, max_nbytes: int) -> Meta:
     return Meta(key, dtype, tuple(shape), nbytes)
 
 
-def ack(seq: int, status: Ack, reason: str = "") -> bytes:
-    return frame(Frame.ACK, _ACK.pack(status) + reason.encode("utf-8")[:MAX_REASON], seq)
+def _text(message: str) -> bytes:
+    return fit_text(message, MAX_REASON).encode("utf-8")
 
 
-def _code_and_text(body: bytes, what: str) -> Tuple[int, str]:
-    """The body of ACK and ERROR: a code byte, then UTF-8 text."""
-    if not 1 <= len(body) <= 1 + MAX_REASON:
+def _fields_and_text(layout: struct.Struct, body: bytes, what: str) -> Tuple[Tuple[int, ...], str]:
+    """The body of ACK, ERROR and REFUSED: fixed fields, then UTF-8 text."""
+    if not layout.size <= len(body) <= layout.size + MAX_REASON:
         raise ProtocolError(f"{what} of {len(body)} bytes")
-    return body[0], body[1:].decode("utf-8", "replace")
+    return layout.unpack_from(body), body[layout.size :].decode("utf-8", "replace")
 
 
-def parse_ack(body: bytes) -> Tuple[Ack, str]:
-    code, text = _code_and_text(body, "ACK")
+def ack(seq: int, status: Ack, code: Code = Code.NONE, message: str = "") -> bytes:
+    """ACK of message seq; a REFUSED one says why with code and message."""
+    return frame(Frame.ACK, _ACK.pack(status, code) + _text(message), seq)
+
+
+def parse_ack(body: bytes) -> Tuple[Ack, Code, str]:
+    (status, code), message = _fields_and_text(_ACK, body, "ACK")
     try:
-        return Ack(code), text
+        return Ack(status), _code(code), message
     except ValueError:
-        raise ProtocolError(f"unknown ACK status {code}") from None
+        raise ProtocolError(f"unknown ACK status {status}") from None
+
+
+def refused(code: Code, message: str) -> bytes:
+    """REFUSED: the handshake failed (the connection then closes)."""
+    return frame(Frame.REFUSED, _CODE.pack(code) + _text(message))
+
+
+def parse_refused(body: bytes) -> Tuple[Code, str]:
+    (code,), message = _fields_and_text(_CODE, body, "REFUSED")
+    return _code(code), message
 
 
 def abort(reason: str) -> bytes:
-    return frame(Frame.ABORT, reason.encode("utf-8")[:MAX_REASON])
+    return frame(Frame.ABORT, _text(reason))
 
 
 def parse_text(body: bytes) -> str:
@@ -275,16 +367,14 @@ def parse_recv(body: bytes) -> Tuple[str, int]:
     return key, timeout_ns
 
 
-def error(request: int, code: RecvError, text: str) -> bytes:
-    return frame(Frame.ERROR, _ACK.pack(code) + text.encode("utf-8")[:MAX_REASON], request)
+def error(request: int, code: Code, message: str) -> bytes:
+    """ERROR: the RECV on stream = request ended without a message."""
+    return frame(Frame.ERROR, _CODE.pack(code) + _text(message), request)
 
 
-def parse_error(body: bytes) -> Tuple[RecvError, str]:
-    code, text = _code_and_text(body, "ERROR")
-    try:
-        return RecvError(code), text
-    except ValueError:
-        return RecvError.FAILED, text
+def parse_error(body: bytes) -> Tuple[Code, str]:
+    (code,), message = _fields_and_text(_CODE, body, "ERROR")
+    return _code(code), message
 
 
 # ---- the dedupe window -----------------------------------------------------------
@@ -352,7 +442,8 @@ class Reader:
     def expect(self, kind: Frame) -> bytes:
         got, length, _ = self.header()
         if got is Frame.REFUSED:
-            raise AuthenticationError(f"refused by the bridge: {parse_text(self.body(length))}")
+            code, message = parse_refused(self.body(length))
+            raise error_for(code, f"refused by the bridge: {message}")
         if got is not kind:
             raise ProtocolError(f"expected {kind.name}, got {got.name}")
         return self.body(length)

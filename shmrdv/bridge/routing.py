@@ -11,7 +11,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from ..codec import dtype_code
+from ..codec import as_sendable, dtype_code
 from ..errors import InvalidArgument, InvalidType, MessageTooLarge, RendezvousError
 from ..keys import parse_key
 from . import outbox
@@ -104,7 +104,7 @@ class Routes:
 
     def send(self, rdv: Any, url: bytes, key: str, array: Any, timeout: Optional[float]) -> None:
         """``send`` of a routed key: still one copy, into the envelope."""
-        arr = rdv._sendable(array)
+        arr = as_sendable(array)
         with self.alloc(rdv, url, key, arr.dtype, arr.shape, timeout) as dst:
             np.copyto(dst, arr)
 

@@ -18,8 +18,8 @@ import numpy as np
 
 from . import auth, protocol
 from .dedupe import Origin, Origins
-from ..errors import Aborted, InvalidArgument, InvalidType, MessageTooLarge, RendezvousError, RendezvousTimeout
-from .protocol import Ack, ConnectionLost, Frame, ProtocolError, RecvError, Role
+from ..errors import Aborted, InvalidArgument, InvalidType, MessageTooLarge, RendezvousError, RendezvousTimeout, TooManyKeys
+from .protocol import Ack, Code, ConnectionLost, Frame, ProtocolError, Role
 from ..rendezvous import Rendezvous
 
 log = logging.getLogger("shmrdv.bridge")
@@ -30,10 +30,10 @@ HANDSHAKE_TIMEOUT_S = 10.0
 class _Incoming:
     """A message being received: its reserved block and how much has arrived."""
 
-    __slots__ = ("seq", "alloc", "buf", "filled", "nbytes", "skip")
+    __slots__ = ("seq", "key", "alloc", "buf", "filled", "nbytes", "skip")
 
-    def __init__(self, seq: int, alloc: Any, buf: Optional[memoryview], nbytes: int, skip: bool) -> None:
-        self.seq, self.alloc, self.buf, self.nbytes, self.skip = seq, alloc, buf, nbytes, skip
+    def __init__(self, seq: int, key: str, alloc: Any, buf: Optional[memoryview], nbytes: int, skip: bool) -> None:
+        self.seq, self.key, self.alloc, self.buf, self.nbytes, self.skip = seq, key, alloc, buf, nbytes, skip
         self.filled = 0
 
 
@@ -97,7 +97,7 @@ class Inbound:
         role, origin, first_seq, client_nonce, proof = protocol.parse_auth(reader.expect(Frame.AUTH))
         if not auth.matches(auth.client_proof(self._token, server_nonce, client_nonce, origin, first_seq), proof):
             try:
-                self.send(protocol.frame(Frame.REFUSED, b"authentication failed: wrong token"))
+                self.send(protocol.refused(Code.UNAUTHENTICATED, "authentication failed: wrong token"))
             except ConnectionLost:
                 pass
             raise protocol.AuthenticationError("authentication failed: wrong token")
@@ -149,12 +149,13 @@ class Inbound:
             if not duplicate:
                 o.after(seq)  # ProtocolError if seq is outside the window
         if duplicate:
-            self._incoming[seq] = _Incoming(seq, None, None, meta.nbytes, True)
+            self._incoming[seq] = _Incoming(seq, meta.key, None, None, meta.nbytes, True)
             self.send(protocol.ack(seq, Ack.DUPLICATE))
         elif meta.nbytes > self._max_message:
-            self._refuse(seq, meta, MessageTooLarge(f"{meta.nbytes} bytes can never fit the {self._max_message}-byte arena here"))
+            self._refuse(seq, meta.key, meta.nbytes,
+                         MessageTooLarge(f"{meta.nbytes} bytes can never fit the {self._max_message}-byte arena here"))
         elif self._retry_keys.get(meta.key, seq) != seq:
-            self._retry(seq, meta)  # an earlier message of this key must go first
+            self._retry(seq, meta.key, meta.nbytes)  # an earlier message of this key must go first
         else:
             # Wait for room only when no message of this connection is half
             # received: those hold arena space that only their DATA, queued
@@ -164,33 +165,46 @@ class Inbound:
                 alloc = self.rdv.alloc(meta.key, meta.shape, meta.dtype, timeout=0 if partial else None)
                 arr = alloc.open()
             except RendezvousTimeout:
-                self._retry(seq, meta)
+                self._retry(seq, meta.key, meta.nbytes)
+            except TooManyKeys as exc:
+                self._key_index_full(seq, meta.key, meta.nbytes, exc)
             except (InvalidArgument, InvalidType, MessageTooLarge, Aborted) as exc:
-                self._refuse(seq, meta, exc)
+                self._refuse(seq, meta.key, meta.nbytes, exc)
             else:
                 if self._retry_keys.get(meta.key) == seq:
                     del self._retry_keys[meta.key]
                 buf = protocol.byte_view(arr)
-                self._incoming[seq] = _Incoming(seq, alloc, buf, meta.nbytes, False)
+                self._incoming[seq] = _Incoming(seq, meta.key, alloc, buf, meta.nbytes, False)
         if meta.nbytes == 0:
             self._finish(self._incoming.pop(seq))
 
-    def _refuse(self, seq: int, meta: protocol.Meta, exc: Exception) -> None:
-        """A message that can never be delivered: tell the sender, discard
-        its DATA, and count it as done so it is not sent again."""
-        log.warning("%s: refused message for %r: %s", self.peer, meta.key, exc)
+    def _refuse(self, seq: int, key: str, nbytes: int, exc: Exception, data_follows: bool = True) -> None:
+        """A message that can never be delivered: tell the sender why (its
+        code), discard its DATA, and count it as done so it is not sent again."""
+        log.warning("%s: refused message for %r: %s", self.peer, key, exc)
         self._settle(seq, None)
-        self._incoming[seq] = _Incoming(seq, None, None, meta.nbytes, True)
-        self.send(protocol.ack(seq, Ack.REFUSED, f"{type(exc).__name__}: {exc}"))
+        if data_follows:
+            self._incoming[seq] = _Incoming(seq, key, None, None, nbytes, True)
+        self.send(protocol.ack(seq, Ack.REFUSED, *protocol.refusal(exc)))
 
-    def _retry(self, seq: int, meta: protocol.Meta) -> None:
+    def _retry(self, seq: int, key: str, nbytes: int, data_follows: bool = True) -> None:
         """Turn a message away for now; later messages of its key too, until
         it comes back, so the key's order holds."""
-        if len(self._retry_keys) >= 4 * protocol.WINDOW and meta.key not in self._retry_keys:
+        if len(self._retry_keys) >= 4 * protocol.WINDOW and key not in self._retry_keys:
             raise ProtocolError("too many keys waiting for a retry")
-        self._retry_keys.setdefault(meta.key, seq)
-        self._incoming[seq] = _Incoming(seq, None, None, meta.nbytes, True)
+        self._retry_keys.setdefault(key, seq)
+        if data_follows:
+            self._incoming[seq] = _Incoming(seq, key, None, None, nbytes, True)
         self.send(protocol.ack(seq, Ack.RETRY))
+
+    def _key_index_full(self, seq: int, key: str, nbytes: int, exc: TooManyKeys, data_follows: bool = True) -> None:
+        """No room for another key now. A client's send fails as a local one
+        would (TOO_MANY_KEYS); a link's send has returned already, so it
+        comes back after a backoff (within the link's deadline)."""
+        if self.role is Role.CLIENT:
+            self._refuse(seq, key, nbytes, exc, data_follows)
+        else:
+            self._retry(seq, key, nbytes, data_follows)
 
     def _data(self, seq: int, length: int) -> None:
         inc = self._incoming.get(seq)
@@ -211,7 +225,14 @@ class Inbound:
         if inc.skip:
             return
         inc.buf = None
-        self._settle(inc.seq, inc.alloc)
+        try:
+            self._settle(inc.seq, inc.alloc)
+        except TooManyKeys as exc:  # the key is created at the commit, which freed the block
+            self._key_index_full(inc.seq, inc.key, inc.nbytes, exc, data_follows=False)
+            return
+        except Aborted as exc:
+            self._refuse(inc.seq, inc.key, inc.nbytes, exc, data_follows=False)
+            return
         self.send(protocol.ack(inc.seq, Ack.COMMITTED))
 
     def _settle(self, seq: int, alloc: Any) -> None:
@@ -241,7 +262,7 @@ class Inbound:
                 self._recv_failed(request, exc)
                 return
             if view is None:
-                self.send(protocol.error(request, RecvError.EMPTY, "nothing queued"))
+                self.send(protocol.error(request, Code.EMPTY, f"try_recv {key!r}: nothing queued"))
             else:
                 self._hand_out(request, key, view)
             return
@@ -260,8 +281,10 @@ class Inbound:
             if f.cancelled():
                 if self._closed.is_set():
                     return
-                code = RecvError.TIMEOUT if timeout_ns > 0 else RecvError.FAILED
-                self._send_quietly(protocol.error(request, code, "timed out" if timeout_ns > 0 else "cancelled"))
+                if timeout_ns > 0:
+                    self._send_quietly(protocol.error(request, Code.TIMEOUT, f"recv {key!r}: timed out"))
+                else:
+                    self._send_quietly(protocol.error(request, Code.CANCELLED, f"recv {key!r}: cancelled"))
                 return
             exc = f.exception()
             if exc is not None:
@@ -272,15 +295,7 @@ class Inbound:
         fut.add_done_callback(done)
 
     def _recv_failed(self, request: int, exc: BaseException) -> None:
-        if isinstance(exc, Aborted):
-            code = RecvError.ABORTED
-        elif isinstance(exc, RendezvousTimeout):
-            code = RecvError.TIMEOUT
-        elif isinstance(exc, (InvalidArgument, InvalidType)):
-            code = RecvError.INVALID
-        else:
-            code = RecvError.FAILED
-        self._send_quietly(protocol.error(request, code, str(exc)))
+        self._send_quietly(protocol.error(request, *protocol.refusal(exc)))
 
     def _hand_out(self, request: int, key: str, view: np.ndarray) -> None:
         with self._out_lock:

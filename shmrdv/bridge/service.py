@@ -19,6 +19,8 @@ from .link import Link, LinkSettings
 from .server import Inbound
 from .dedupe import Origins
 from .link_marks import INBOUND_MARKS, LinkMarks
+from .. import limits
+from ..codec import fit_text
 from ..errors import Aborted, InvalidArgument, RendezvousError, RendezvousTimeout
 from .protocol import ProtocolError
 from ..rendezvous import Rendezvous
@@ -263,6 +265,7 @@ class Bridge:
     # ---- abort, both ways --------------------------------------------------
 
     def _peer_abort(self, reason: str) -> None:
+        reason = fit_text(reason, limits.REASON_MAX)  # a peer's text or an exception's may be longer
         try:
             self.rdv.abort(reason)
         except RendezvousError as exc:
