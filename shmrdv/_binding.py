@@ -27,7 +27,7 @@ _ERRORS: Dict[int, Tuple[Type[RendezvousError], str]] = {
     errno.EPROTONOSUPPORT: (SegmentMismatch, "segment has another layout version"),
     errno.EFBIG: (SegmentMismatch, "segment size does not match its header"),
     errno.EOWNERDEAD: (SegmentMismatch, "segment never initialised: its creator died"),
-    errno.EUSERS: (RendezvousError, "too many handles attached (128)"),
+    errno.EUSERS: (RendezvousError, f"too many handles attached ({lib.RDV_MAX_PROCS})"),
     errno.ENOTUNIQ: (RendezvousError, "two keys share a 128-bit hash; the message was left queued"),
 }
 

@@ -54,20 +54,8 @@
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "quarantine_size_mb=16"; }
 
-static const char *phase = "setup";
-
-#define FAIL(...)                                                                  \
-    do {                                                                           \
-        fprintf(stderr, "unit_arena: FAIL [%s] %s:%d: ", phase, __FILE__, __LINE__); \
-        fprintf(stderr, __VA_ARGS__);                                              \
-        fputc('\n', stderr);                                                       \
-        exit(1);                                                                   \
-    } while (0)
-#define CHECK(c, ...)          \
-    do {                       \
-        if (!(c))              \
-            FAIL(__VA_ARGS__); \
-    } while (0)
+#define UNIT_NAME "unit_arena"
+#include "unit_check.h"
 
 static uint64_t seed0 = 0x2545f4914f6cdd1dULL;
 static uint64_t rng_state;

@@ -27,20 +27,8 @@
 #include "rdv_os.h"
 #include "rdv_segment.h"
 
-static const char *phase = "setup";
-
-#define FAIL(...)                                                                  \
-    do {                                                                           \
-        fprintf(stderr, "unit_index: FAIL [%s] %s:%d: ", phase, __FILE__, __LINE__); \
-        fprintf(stderr, __VA_ARGS__);                                              \
-        fputc('\n', stderr);                                                       \
-        exit(1);                                                                   \
-    } while (0)
-#define CHECK(c, ...)          \
-    do {                       \
-        if (!(c))              \
-            FAIL(__VA_ARGS__); \
-    } while (0)
+#define UNIT_NAME "unit_index"
+#include "unit_check.h"
 
 /* ---- fake liveness -------------------------------------------------------- */
 
