@@ -19,10 +19,9 @@ even after a crash of a child (``sweep_segments``), on SIGTERM and Ctrl-C
 run (``sweep_stale_segments``).
 """
 
-from .command import add_arguments, run  # noqa: F401
-from .common import *  # noqa: F401,F403
-from .measure import *  # noqa: F401,F403
-from .processes import *  # noqa: F401,F403
-from .transports import *  # noqa: F401,F403
-from .cleanup import *  # noqa: F401,F403
-from .command import *  # noqa: F401,F403
+from .cleanup import alive, descendants, InterruptCleanup, stop_processes, sweep_stale_segments  # noqa: F401
+from .command import add_arguments, evaluate_targets, machine, markdown, Results, run  # noqa: F401
+from .common import arena_bytes, CLEANUP_GRACE_S, DATA_DTYPE, human_size, JOIN_TIMEOUT_S, KiB, MESSAGE_TIMEOUT_S, MiB, parse_size, ROUND_TRIP_SIZES, SIZES, STARTUP_TIMEOUT_S  # noqa: F401
+from .measure import held_views_memory, keys_scaling, pending_keys_arena, process_scaling, round_trip_row, throughput_row, timed_round_trips, timed_stream  # noqa: F401
+from .processes import allowed_cpus, ChildFailed, Children, pinned, Placement, placement, segment_prefix, sweep_segments, unique_name, untold_failure, wait_until_ready  # noqa: F401
+from .transports import check, open_peer, Peer, PEERS, stamp, TRANSPORTS  # noqa: F401

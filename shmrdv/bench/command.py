@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
-from .common import *  # noqa: F403
-from .processes import *  # noqa: F403
-from .transports import *  # noqa: F403
-from .measure import *  # noqa: F403
+from .common import CHILD_LIFETIME_S, KiB, MiB, ROUND_TRIP_SIZES, SIZES, human_size, parse_size
+from .measure import held_views_memory, keys_scaling, process_scaling, round_trip_row, throughput_row, timed_round_trips, timed_stream
+from .processes import ChildFailed, Placement, allowed_cpus, pinned, placement, sweep_segments, untold_failure
+from .transports import PEERS, TRANSPORTS, open_peer
 
 # ---------------------------------------------------------------------------
 # The command

@@ -8,10 +8,9 @@ from multiprocessing.connection import Connection
 from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
-from .common import *  # noqa: F403
-from .processes import *  # noqa: F403
-from .transports import *  # noqa: F403
-from .processes import _reply
+from .common import CHILD_LIFETIME_S, DATA_DTYPE, MESSAGE_TIMEOUT_S, POOL, KiB, MiB, arena_bytes
+from .processes import Children, _reply, allowed_cpus, unique_name
+from .transports import TRANSPORTS, Peer, check, stamp
 
 # ---------------------------------------------------------------------------
 # Measurements

@@ -16,7 +16,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .common import *  # noqa: F403
+from .common import CHILD_LIFETIME_S, CLEANUP_GRACE_S, JOIN_TIMEOUT_S, STARTUP_TIMEOUT_S
 
 # ---------------------------------------------------------------------------
 # CPUs, environment and child processes

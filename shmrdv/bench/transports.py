@@ -13,10 +13,8 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
-from .common import *  # noqa: F403
-from .processes import *  # noqa: F403
-from .common import _STAMP_MODULO
-from .processes import _reply, _ring_segment
+from .common import _STAMP_MODULO, CHILD_LIFETIME_S, DATA_DTYPE, DEPTH, MESSAGE_TIMEOUT_S, POOL, arena_bytes, whole_pages
+from .processes import Children, _reply, _ring_segment, unique_name
 
 # ---------------------------------------------------------------------------
 # Payloads
