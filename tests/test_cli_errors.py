@@ -329,3 +329,25 @@ def test_rm_force_of_a_rendezvous_nobody_uses(rdv_name):
     run = shmrdv_cli("rm", "--force", rdv_name)
     assert run.returncode == 0 and f"{rdv_name}: removed" in run.stdout, run
     assert not os.path.exists(segment_path(rdv_name))
+
+
+@pytest.mark.timeout(120)
+def test_creating_more_than_a_gib_shows_progress(rdv_name):
+    import io
+
+    from shmrdv.cli._common import PROGRESS_ABOVE, open_showing_progress
+
+    told = io.StringIO()
+    rdv = open_showing_progress(rdv_name, PROGRESS_ABOVE + (1 << 20), told)
+    try:
+        assert rdv.capacity == PROGRESS_ABOVE + (1 << 20)
+    finally:
+        rdv.close()
+        rdv.unlink()
+    lines = told.getvalue().splitlines()
+    assert lines[-1].startswith(f"created rendezvous {rdv_name!r}: 1.0 GiB")
+    assert all("creating rendezvous" in line for line in lines[:-1])  # every half second, if it took that long
+    small = io.StringIO()
+    with open_showing_progress(rdv_name, 1 << 20, small) as rdv2:
+        rdv2.unlink()
+    assert small.getvalue() == ""

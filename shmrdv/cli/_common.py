@@ -2,6 +2,7 @@
 the argument types that turn bad input into usage errors (exit status 2)."""
 import argparse
 import re
+from typing import Any
 
 import posix_ipc
 
@@ -72,3 +73,45 @@ def about(name: str, exc: BaseException) -> str:
     """`describe(exc)`, prefixed with the rendezvous name unless it already names it."""
     text = describe(exc)
     return text if repr(name) in text or f" {name}" in text else f"{name}: {text}"
+
+
+# Creating more than this shows progress on stderr: it takes seconds (the pages are reserved
+# and faulted in at creation, so that a full /dev/shm fails then and never later).
+PROGRESS_ABOVE = 1 << 30
+
+
+def open_showing_progress(name: str, size: "int | None", stream: "Any" = None) -> "Any":
+    """``Rendezvous(name, size=size)``, telling on stderr how far creating it has got
+    when that creates a segment of more than PROGRESS_ABOVE bytes."""
+    import os
+    import sys
+    import threading
+
+    from ..rendezvous import Rendezvous
+    from ..segments import human_bytes, segment_path
+
+    stream = sys.stderr if stream is None else stream
+    path = segment_path(name)
+    if size is None or size <= PROGRESS_ABOVE or os.path.exists(path):
+        return Rendezvous(name, size=size)
+    done = threading.Event()
+
+    def report() -> None:
+        while not done.wait(0.5):
+            try:
+                reserved = os.stat(path).st_blocks * 512
+            except OSError:
+                continue
+            step = "reserving" if reserved < size else "mapping"
+            stream.write(f"creating rendezvous {name!r}: {step}, {human_bytes(min(reserved, size))} of {human_bytes(size)}\n")
+            stream.flush()
+
+    reporter = threading.Thread(target=report, name="shmrdv-progress", daemon=True)
+    reporter.start()
+    try:
+        rdv = Rendezvous(name, size=size)
+    finally:
+        done.set()
+        reporter.join()
+    stream.write(f"created rendezvous {name!r}: {human_bytes(size)}\n")
+    return rdv

@@ -13,9 +13,9 @@ from ..bridge import auth, protocol
 from ..bridge.link import LinkSettings
 from ..bridge.service import Bridge, is_loopback, log
 from ..errors import InvalidArgument
-from ..rendezvous import Rendezvous, unlink_segment
+from ..rendezvous import unlink_segment
 from ..segments import others
-from ._common import CommandError, UsageError, describe, positive_int, rendezvous_name
+from ._common import CommandError, UsageError, describe, open_showing_progress, positive_int, rendezvous_name
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,7 +65,7 @@ def _configuration(args: argparse.Namespace) -> Tuple[str, int, bytes, Dict[str,
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s shmrdv-bridge %(levelname)s %(message)s")
     host, port, token, routes, tls = _configuration(args)
-    rdv = Rendezvous(args.name, size=args.size)
+    rdv = open_showing_progress(args.name, args.size)
     settings = LinkSettings(deadline=args.deadline or None)
     bridge = Bridge(rdv, (host, port), token, tls, args.tls_ca, routes, settings, args.drain_timeout)
     stop = threading.Event()
