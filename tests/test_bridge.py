@@ -238,9 +238,9 @@ def test_connect_send_recv(hosts):
 
 
 def test_connect_wrong_token_fails_at_once(hosts):
-    with pytest.raises(shmrdv.AuthenticationError):
+    with pytest.raises(shmrdv.AuthenticationError, match="refused our token"):
         shmrdv.connect(hosts.bridges[1].url, token="wrong")
-    with pytest.raises(shmrdv.AuthenticationError):
+    with pytest.raises(shmrdv.AuthenticationError, match="requires a token and none was given"):
         shmrdv.connect(hosts.bridges[1].url)
     assert issubclass(shmrdv.AuthenticationError, shmrdv.RendezvousError)
     # and the bridge still serves everyone else

@@ -80,7 +80,14 @@ def open_socket(url: str, token: bytes, role: Role, origin: int, first_seq: int,
         client_nonce = auth.nonce()
         proof = auth.client_proof(token, server_nonce, client_nonce, origin, first_seq)
         protocol.send_all(sock, [protocol.auth(role, origin, first_seq, client_nonce, proof)])
-        server_proof, base, bits = protocol.parse_welcome(reader.expect(Frame.WELCOME))
+        try:
+            server_proof, base, bits = protocol.parse_welcome(reader.expect(Frame.WELCOME))
+        except protocol.AuthenticationError as exc:
+            if not token:  # a missing token is not a wrong one: say which
+                raise protocol.AuthenticationError(
+                    f"bridge {url} requires a token and none was given: pass token=... "
+                    "(connect, Rendezvous routes) or --token-file (shmrdv bridge)") from None
+            raise protocol.AuthenticationError(f"bridge {url} refused our token: {exc}") from None
         if not auth.matches(auth.server_proof(token, server_nonce, client_nonce), server_proof):
             raise protocol.AuthenticationError(f"bridge {url} does not hold our token")
         sock.settimeout(None)
