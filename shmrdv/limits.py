@@ -17,7 +17,7 @@ DTYPE_MAX = int(lib.RDV_DTYPE_MAX)
 """Bytes of a dtype's descriptor (numpy ``dtype.str``, ASCII)."""
 
 REASON_MAX = int(lib.RDV_REASON_MAX)
-"""Bytes of UTF-8 an abort reason keeps (longer ones are cut)."""
+"""Bytes of UTF-8 in an abort reason (a longer one is refused)."""
 
 NAME_MAX = int(lib.RDV_NAME_MAX)
 """Characters of a rendezvous name."""

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Tuple
 import numpy as np
 import posix_ipc
 
+from . import limits
 from ._binding import ffi, lib, raise_rc
 from .codec import _MAX_CACHED, _dtype_codes, _key_cache, as_sendable
 from .codec import dtype_code as _dtype_code
@@ -30,7 +31,7 @@ SEGMENT_PREFIX = "/shmrdv-"
 """A rendezvous NAME lives in the POSIX shm object ``/shmrdv-NAME`` (``/dev/shm/shmrdv-NAME``)."""
 
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,%d}\Z" % lib.RDV_NAME_MAX)
-_MAX_PROCS = 128  # the segment's process table (RDV_MAX_PROCS)
+_MAX_PROCS = limits.MAX_PROCS  # the segment's process table
 OPEN_TIMEOUT = 60.0
 """Seconds ``Rendezvous(...)`` waits, by default, for the creator of a
 segment that is still initialising it (see ``timeout``)."""
@@ -39,7 +40,7 @@ segment that is still initialising it (see ``timeout``)."""
 # its creator's lock (a few microseconds, unless it is descheduled).
 _CREATOR_GRACE_S = 1.0
 _PAGE = 4096
-MAX_SIZE = int(lib.RDV_MAX_ARENA_BYTES)
+MAX_SIZE = limits.MAX_ARENA_BYTES
 """The largest arena a rendezvous can have, in bytes (2**36 - 4096, about 64 GiB)."""
 _MSG_HEADER = 64  # sizeof(struct rdv_msg), csrc/rdv_layout.h
 
@@ -90,7 +91,7 @@ def _segment_version(path: str) -> str:
     return str(int.from_bytes(head[8:12], "little")) if len(head) == 12 else "unknown"
 
 
-MAX_MARKS = int(lib.RDV_MAX_MARKS)
+MAX_MARKS = limits.MAX_MARKS
 """Producer marks per rendezvous: ``Rendezvous.mark(idx)`` takes idx in [0, MAX_MARKS)."""
 _U64_MAX = (1 << 64) - 1
 Mark = Tuple[int, int, int, int]
