@@ -169,26 +169,52 @@ void rdv_queue_repair(rdv_t *h, uint32_t idx, uint32_t dead) {
     s->count = n;
 }
 
+/* Take every message of slot s's queue as ours, delivered: a pop of each,
+ * in the order pop makes its stores against our death (a reclaimer frees a
+ * dead process's DELIVERED blocks), leaving them chained through their next
+ * links. Called with the slot locked; returns the chain's first link. */
+static uint32_t take_all(rdv_t *h, struct rdv_slot *s) {
+    uint32_t first = s->q_head, g = first;
+    uint64_t len;
+    struct rdv_msg *m;
+    for (uint32_t n = s->count; n && (m = rdv_queued_msg(h, g, &len)); n--) {
+        g = m->next;
+        m->owner = (uint16_t)(h->me + 1);
+        m->flags = 0;
+        /* release: as in rdv_queue_pop, owner before stage */
+        smp_store_release(&m->stage, RDV_MSG_DELIVERED);
+    }
+    /* release: the stages above land before the queue lets go of them */
+    smp_store_release(&s->q_head, 0);
+    s->q_tail = 0;
+    s->count = 0;
+    return first;
+}
+
 void rdv_queue_drain_all(rdv_t *h) {
     for (uint64_t i = 0; i <= h->slot_mask; i++) {
         struct rdv_slot *s = &h->kslots[i];
         if (READ_ONCE(s->state) != RDV_SLOT_LIVE) /* relaxed: re-checked under the lock */
             continue;
         rdv_lock(h, &s->lock);
+        uint32_t g = 0;
         if (s->state == RDV_SLOT_LIVE) {
-            uint32_t g = s->q_head;
-            uint64_t len;
-            struct rdv_msg *m;
-            for (uint32_t n = s->count; n && (m = rdv_queued_msg(h, g, &len)); n--) {
-                g = m->next;
-                rdv_arena_free(h, m->pos);
-            }
-            s->q_head = s->q_tail = 0;
-            s->count = 0;
+            g = take_all(h, s);
             rdv_wake_all(&s->seq, &s->sleepers);
             rdv_index_maybe_delete(h, (uint32_t)i);
         }
         rdv_unlock(&s->lock);
+        /* Freed after the unlock: a free may wait on the arena's lock and
+         * reclaim a dead holder, whose repair takes slot locks. */
+        uint64_t len;
+        struct rdv_msg *m;
+        for (uint64_t steps = 0; g && steps < h->granules && (m = rdv_queued_msg(h, g, &len)); steps++) {
+            g = m->next; /* before the free: the space may be reused at once */
+            if (m->stage == RDV_MSG_DELIVERED && m->owner == h->me + 1)
+                rdv_arena_free(h, m->pos);
+            else
+                break; /* not ours (damage): left to whoever reclaims */
+        }
     }
     rdv_wake_all(&h->khdr->arena.space_seq, &h->khdr->arena.space_sleepers);
 }
