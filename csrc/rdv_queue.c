@@ -19,7 +19,12 @@ uint64_t rdv_meta_bytes(uint32_t ndim, uint32_t key_len) {
 }
 
 int rdv_queue_link(rdv_t *h, uint64_t pos) {
-    struct rdv_msg *m = rdv_msg_at(h, pos);
+    uint64_t len;
+    struct rdv_msg *m = rdv_block_at(h, pos, &len);
+    /* the header is ours, but it lives in shared memory: bound what we read */
+    if (!m || m->key_len == 0 || m->key_len > RDV_KEY_MAX || m->ndim > RDV_NDIM_MAX ||
+        sizeof *m + 16ull * m->ndim + m->key_len > len)
+        return -EBADMSG;
     uint32_t idx;
     int rc = rdv_index_acquire(h, rdv_msg_key(m), m->key_len, 1, &idx);
     if (rc < 0)
@@ -38,7 +43,6 @@ int rdv_queue_link(rdv_t *h, uint64_t pos) {
      * marked commit counts as done from here on (rdv_mark.c). */
     m->stage = RDV_MSG_QUEUED;
     uint32_t g = rdv_link_of(pos);
-    uint64_t len;
     struct rdv_msg *tail = rdv_queued_msg(h, s->q_tail, &len);
     if (tail)
         tail->next = g;
