@@ -82,12 +82,8 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
 }
 
 static int do_send_commit(rdv_t *h, uint64_t pos) {
-    uint64_t len;
-    const struct rdv_msg *m = rdv_block_at(h, pos, &len);
-    if (!m || m->stage != RDV_MSG_WRITING || m->owner != h->me + 1)
-        return -EINVAL; /* not a block we are writing */
     int rc = rdv_queue_link(h, pos);
-    if (rc < 0)
+    if (rc < 0 && rc != -EINVAL) /* -EINVAL: not a block we are writing, not ours to free */
         rdv_arena_free(h, pos); /* a message that cannot be queued is not sent */
     return rc;
 }
@@ -266,8 +262,7 @@ int rdv_send_commit(rdv_t *h, uint64_t pos) { WITH_REF(h, do_send_commit(h, pos)
 
 static int do_send_discard(rdv_t *h, uint64_t pos) {
     uint64_t len;
-    const struct rdv_msg *m = rdv_block_at(h, pos, &len);
-    if (!m || m->stage != RDV_MSG_WRITING || m->owner != h->me + 1)
+    if (!rdv_queue_writing(h, pos, h->me + 1, &len))
         return -EINVAL; /* not a block we are writing */
     return rdv_arena_free(h, pos);
 }

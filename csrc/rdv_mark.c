@@ -28,14 +28,11 @@
 #include "rdv_os.h"
 #include "rdv_queue.h"
 
-/* Whether the block at pos is allocated, WRITING, and held by entry who - 1:
- * the test both for a block we may commit and for a commit that never came. */
+/* Whether the block at pos is one entry who - 1 is writing: the test both
+ * for a block we may commit and for a commit that never came. */
 static int writing_by(rdv_t *h, uint64_t pos, uint32_t who) {
     uint64_t len;
-    const struct rdv_msg *m = rdv_block_at(h, pos, &len);
-    /* relaxed: stage and owner change only through the block's holder, the
-     * caller itself or the dead producer whose byte lock the caller holds */
-    return m && READ_ONCE(m->stage) == RDV_MSG_WRITING && READ_ONCE(m->owner) == who;
+    return rdv_queue_writing(h, pos, who, &len) != NULL;
 }
 
 static void write_mark(struct rdv_mark *km, uint64_t id, uint64_t val0, uint64_t val1) {
@@ -91,7 +88,7 @@ int rdv_mark_commit(rdv_t *h, uint64_t pos, uint32_t idx, uint64_t id, uint64_t 
     int rc = rdv_queue_link(h, pos);
     end_change(h, idx, rc == 0);
     pthread_mutex_unlock(&h->mark_lock);
-    if (rc < 0)
+    if (rc < 0 && rc != -EINVAL) /* -EINVAL: no longer a block we are writing */
         rdv_arena_free(h, pos); /* only now: see the top of this file */
     return rc;
 }

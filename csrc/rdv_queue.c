@@ -18,11 +18,20 @@ uint64_t rdv_meta_bytes(uint32_t ndim, uint32_t key_len) {
     return round_up(sizeof(struct rdv_msg) + 16ull * ndim + key_len + 8, RDV_GRANULE);
 }
 
+struct rdv_msg *rdv_queue_writing(rdv_t *h, uint64_t pos, uint32_t who, uint64_t *len) {
+    struct rdv_msg *m = rdv_block_at(h, pos, len);
+    /* relaxed: stage and owner change only through the block's holder: the
+     * caller itself, or the dead writer whose byte lock the caller holds */
+    return m && READ_ONCE(m->stage) == RDV_MSG_WRITING && READ_ONCE(m->owner) == who ? m : NULL;
+}
+
 int rdv_queue_link(rdv_t *h, uint64_t pos) {
     uint64_t len;
-    struct rdv_msg *m = rdv_block_at(h, pos, &len);
+    struct rdv_msg *m = rdv_queue_writing(h, pos, h->me + 1, &len);
+    if (!m)
+        return -EINVAL;
     /* the header is ours, but it lives in shared memory: bound what we read */
-    if (!m || m->key_len == 0 || m->key_len > RDV_KEY_MAX || m->ndim > RDV_NDIM_MAX ||
+    if (m->key_len == 0 || m->key_len > RDV_KEY_MAX || m->ndim > RDV_NDIM_MAX ||
         sizeof *m + 16ull * m->ndim + m->key_len > len)
         return -EBADMSG;
     uint32_t idx;

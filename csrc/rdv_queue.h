@@ -19,9 +19,14 @@ static inline int rdv_msg_leased_by(const struct rdv_msg *m, uint32_t who) {
     return m->stage == RDV_MSG_DELIVERED && m->owner == who && (m->flags & RDV_MSG_LEASED);
 }
 
-/* Link the WRITING block at pos (checked by the caller to be ours) onto its
- * key's queue: the commit point of a send. On failure the block is left as
- * it was, the caller's to free. */
+/* The block at pos if it is allocated, WRITING and held by entry who - 1:
+ * a block its writer may commit or discard, or (after who's death) one
+ * whose commit never came. NULL otherwise. */
+struct rdv_msg *rdv_queue_writing(rdv_t *h, uint64_t pos, uint32_t who, uint64_t *len);
+/* Link the block at pos, which we are writing, onto its key's queue: the
+ * commit point of a send. -EINVAL if it is not a block we are writing (left
+ * alone); on any other failure the block is left as it was, the caller's to
+ * free. */
 int rdv_queue_link(rdv_t *h, uint64_t pos);
 /* With slot s locked and a message queued: describe it into out (bounds-
  * checking everything read from shared memory) and unlink it, delivered to
