@@ -1,5 +1,6 @@
-/* Layer 9: the public entry points of the channel: send, receive, cancel,
- * release, abort, producer marks. Each holds a reference on the mapping for
+/* Layer 10: the public entry points of the channel: send, receive (in
+ * line: a waiter's start, wait, cancel and poll), give-back, release,
+ * abort, producer marks. Each holds a reference on the mapping for
  * the duration of the call (WITH_REF), and one more per payload it hands
  * out. */
 #include <errno.h>
@@ -16,6 +17,7 @@
 #include "rdv_queue.h"
 #include "rdv_recover.h"
 #include "rdv_wait.h"
+#include "rdv_waiter.h"
 
 #define RDV_RECLAIM_EVERY_NS 50000000 /* 50 ms */
 
@@ -50,7 +52,7 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
             return -ETIMEDOUT;
         /* -ETIMEDOUT only once the deadline has passed and one more attempt
          * after the last wait has failed */
-        rc = rdv_wait_change(h, &khdr->arena.space_seq, &khdr->arena.space_sleepers, NULL, seen, &d);
+        rc = rdv_wait_change(h, &khdr->arena.space_seq, &khdr->arena.space_sleepers, seen, &d);
         /* Space may be held by a process that died (its views, a half-written
          * block): after a while without room, look for the dead. */
         if (rc == 0 && rdv_now_ns() >= next_reclaim_ns) {
@@ -101,93 +103,361 @@ static int do_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtyp
     return do_send_commit(h, pos);
 }
 
-/* Move *cancel from 0 (waiting) to 2 (consumed) before taking a message; a
- * receiver whose cancel word is already 1 has been withdrawn. */
-static int claim_for_delivery(uint32_t *cancel) {
-    if (!cancel)
-        return 0;
-    uint32_t waiting = 0;
-    /* acq_rel: pairs with the CAS 0 -> 1 in rdv_cancel; exactly one wins */
-    return rdv_cas(cancel, &waiting, 2, __ATOMIC_ACQ_REL) ? 0 : -ECANCELED;
+/* ---- receiving ----------------------------------------------------------
+ * A receiver that finds its key empty links a waiter record (rdv_waiter.c)
+ * and waits on its leader's state; a send decides it (rdv_queue.c's
+ * hand-off). A group (rdv_recv_any_start) is one record per key, all
+ * naming the first as leader, chained through sibling. */
+
+static int check_key(uint32_t key_len) { return key_len == 0 || key_len > RDV_KEY_MAX ? -EINVAL : 0; }
+
+/* Take slot idx's oldest message (the slot locked, and released here). */
+static int pop_locked(rdv_t *h, uint32_t idx, const char *key, uint32_t key_len, uint32_t flags,
+                      struct rdv_msg_info *out) {
+    int rc = rdv_queue_pop(h, &h->kslots[idx], key, key_len, (flags & RDV_RECV_LEASED) != 0, out);
+    rdv_index_maybe_delete(h, idx);
+    rdv_index_release(h, idx);
+    return rc;
 }
 
-static int do_recv(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
-             uint32_t *cancel, int leased, struct rdv_msg_info *out) {
-    if (key_len == 0 || key_len > RDV_KEY_MAX)
-        return -EINVAL;
-    if (rdv_is_aborted(h))
-        return -ECONNABORTED;
+/* The oldest message of key if one is queued: 0, or -EAGAIN. */
+static int try_pop(rdv_t *h, const char *key, uint32_t key_len, uint32_t flags,
+                   struct rdv_msg_info *out) {
     uint32_t idx;
-    int rc = rdv_index_acquire(h, key, key_len, timeout_ns != 0, &idx);
+    int rc = rdv_index_acquire(h, key, key_len, 0, &idx);
     if (rc == -ENOENT)
         return -EAGAIN;
     if (rc < 0)
         return rc;
-    struct rdv_slot *s = &h->kslots[idx];
-    if (s->count) {
-        rc = claim_for_delivery(cancel);
-        if (rc == 0)
-            rc = rdv_queue_pop(h, s, key, key_len, leased, out);
-        rdv_index_maybe_delete(h, idx);
-        rdv_index_release(h, idx);
-        return rc;
-    }
-    if (timeout_ns == 0) {
-        rdv_index_maybe_delete(h, idx);
-        rdv_index_release(h, idx);
-        return -EAGAIN;
-    }
+    if (h->kslots[idx].count)
+        return pop_locked(h, idx, key, key_len, flags, out);
+    rdv_index_maybe_delete(h, idx);
+    rdv_index_release(h, idx);
+    return -EAGAIN;
+}
 
-    /* Register as a waiter (keeps the slot from being deleted), then wait
-     * for seq to move without holding the lock. */
+/* n waiter records. With the arena too full for a slab of them, a message
+ * that is already queued is better than waiting for room (*got then says
+ * so: rc 0 and out filled, by try, which may be NULL). */
+static int alloc_waiters(rdv_t *h, uint32_t n, uint32_t *links, int64_t timeout_ns,
+                         int (*try)(rdv_t *, const void *, uint32_t, struct rdv_msg_info *),
+                         const void *arg, uint32_t flags, struct rdv_msg_info *out, int *got) {
     struct rdv_deadline d;
     rdv_deadline_init(&d, timeout_ns);
-    s->waiters++;
-    uint32_t *krecord = rdv_live_wait_record(h, idx); /* so our death gives it back */
+    struct rdv_arena_ctl *ka = &h->khdr->arena;
+    *got = 0;
     for (;;) {
-        uint32_t seen = s->seq; /* stable: seq only changes under the lock */
-        rdv_index_release(h, idx);
-        int wrc = rdv_wait_change(h, &s->seq, &s->sleepers, krecord, seen, &d);
-        rdv_lock(h, &s->lock);
-        int64_t left;
+        /* acquire: pairs with the release bump after a free (rdv_arena.c) */
+        uint32_t seen = smp_load_acquire(&ka->space_seq);
+        int rc = rdv_waiter_alloc(h, n, links);
+        if (rc != -ENOSPC)
+            return rc;
+        if (try && (rc = try(h, arg, flags, out)) != -EAGAIN) {
+            *got = rc == 0;
+            return rc;
+        }
         if (rdv_is_aborted(h))
+            return -ECONNABORTED;
+        int64_t left;
+        if (rdv_deadline_left(&d, &left) < 0)
+            return -ENOSPC;
+        rc = rdv_wait_change(h, &ka->space_seq, &ka->space_sleepers, seen, &d);
+        if (rc < 0)
+            return rc == -ETIMEDOUT ? -ENOSPC : rc;
+    }
+}
+
+/* Unlink every record of the group led by `leader` (they wait on their
+ * keys no more), then give them back to our pool. */
+static void end_group(rdv_t *h, uint32_t leader) {
+    uint32_t links[RDV_ANY_MAX];
+    uint32_t n = 0;
+    for (uint32_t link = leader; link && n < RDV_ANY_MAX;) {
+        struct rdv_waiter *w = rdv_waiter_at(h, link);
+        links[n++] = link;
+        /* relaxed: a first look; re-checked under the slot's lock */
+        uint32_t idx = READ_ONCE(w->slot) - 1;
+        if (READ_ONCE(w->slot) && idx <= h->slot_mask) {
+            rdv_lock(h, &h->kslots[idx].lock);
+            rdv_waiter_unlink(h, idx, link);
+            rdv_index_maybe_delete(h, idx);
+            rdv_index_release(h, idx);
+        }
+        link = w->sibling;
+    }
+    rdv_waiter_free(h, n, links);
+}
+
+/* Wait for the group's leader to be decided: 0 once it is, -ECONNABORTED,
+ * -ETIMEDOUT, -EINTR. */
+static int await_decision(rdv_t *h, struct rdv_waiter *l, int64_t timeout_ns) {
+    struct rdv_deadline d;
+    rdv_deadline_init(&d, timeout_ns);
+    for (;;) {
+        /* acquire: pairs with the send's CAS (rdv_waiter_decide) */
+        if (smp_load_acquire(&l->state) != RDV_WAITER_WAITING)
+            return 0;
+        if (rdv_is_aborted(h))
+            return -ECONNABORTED;
+        int64_t left;
+        if (timeout_ns == 0 || rdv_deadline_left(&d, &left) < 0)
+            return -ETIMEDOUT;
+        int rc = rdv_wait_change(h, &l->state, &l->sleeping, RDV_WAITER_WAITING, &d);
+        if (rc == -EINTR)
+            return smp_load_acquire(&l->state) != RDV_WAITER_WAITING ? 0 : -EINTR; /* as above */
+    }
+}
+
+/* A decided group: take the message a send handed it, end the group. */
+static int complete(rdv_t *h, uint32_t leader, uint32_t flags, uint32_t *which,
+                    struct rdv_msg_info *out) {
+    struct rdv_waiter *l = rdv_waiter_at(h, leader);
+    /* acquire: as in await_decision */
+    uint32_t st = smp_load_acquire(&l->state);
+    int rc = -EBADMSG;
+    if (RDV_WAITER_KIND(st) == RDV_WAITER_HANDED) {
+        rc = rdv_queue_take(h, RDV_WAITER_GRANULE(st), (flags & RDV_RECV_LEASED) != 0, out);
+        struct rdv_waiter *won = rdv_waiter_at(h, l->won);
+        if (which)
+            *which = won ? won->key_index : 0;
+        if (rc == 0 && rdv_is_aborted(h)) {
+            rdv_arena_free(h, out->pos); /* abort fails every receive */
             rc = -ECONNABORTED;
-        else if (cancel && smp_load_acquire(cancel) == 1)
-            rc = -ECANCELED; /* acquire: pairs with the CAS in rdv_cancel */
-        else if (s->count) {
-            rc = claim_for_delivery(cancel);
-            if (rc == 0)
-                rc = rdv_queue_pop(h, s, key, key_len, leased, out);
-        } else if (wrc == -EINTR)
-            rc = -EINTR;
-        else if (rdv_deadline_left(&d, &left) < 0)
-            rc = -ETIMEDOUT;
-        else
-            continue;
-        rdv_live_wait_unrecord(krecord);
-        s->waiters--;
-        rdv_index_maybe_delete(h, idx);
-        rdv_index_release(h, idx);
+        }
+    }
+    end_group(h, leader);
+    return rc;
+}
+
+/* Leave the line: 0 if we did, else (a send decided first) complete's. */
+static int leave(rdv_t *h, uint32_t leader, uint32_t flags, uint32_t *which,
+                 struct rdv_msg_info *out) {
+    if (rdv_waiter_decide(rdv_waiter_at(h, leader), RDV_WAITER_CANCELLED)) {
+        end_group(h, leader);
+        return 0;
+    }
+    int rc = complete(h, leader, flags, which, out);
+    return rc == 0 ? 1 : rc;
+}
+
+/* After our waiter's first wait: done, still in line, or (abort) out of it. */
+static int after_wait(rdv_t *h, int rc, uint32_t *waiter, uint32_t flags, uint32_t *which,
+                      struct rdv_msg_info *out) {
+    uint32_t leader = *waiter;
+    if (rc == 0) {
+        *waiter = 0;
+        return complete(h, leader, flags, which, out);
+    }
+    if (rc == -ECONNABORTED) {
+        *waiter = 0;
+        if (leave(h, leader, flags, which, out) == 1)
+            rdv_arena_free(h, out->pos);
+    }
+    return rc;
+}
+
+static int try_pop_key(rdv_t *h, const void *arg, uint32_t flags, struct rdv_msg_info *out) {
+    const struct { const char *key; uint32_t len; } *k = arg;
+    return try_pop(h, k->key, k->len, flags, out);
+}
+
+static int do_recv_start(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
+                         uint32_t flags, uint32_t *waiter, struct rdv_msg_info *out) {
+    *waiter = 0;
+    if (check_key(key_len) < 0)
+        return -EINVAL;
+    if (rdv_is_aborted(h))
+        return -ECONNABORTED;
+    int async = (flags & RDV_RECV_ASYNC) != 0;
+    int rc = try_pop(h, key, key_len, flags, out); /* no record needed when a message is there */
+    if (rc != -EAGAIN || (timeout_ns == 0 && !async))
+        return rc;
+    uint32_t link, idx;
+    int got;
+    struct { const char *key; uint32_t len; } k = {key, key_len};
+    rc = alloc_waiters(h, 1, &link, async ? timeout_ns : -1, try_pop_key, &k, flags, out, &got);
+    if (rc < 0 || got)
+        return rc;
+    rc = rdv_index_acquire(h, key, key_len, 1, &idx);
+    if (rc < 0) {
+        rdv_waiter_free(h, 1, &link);
         return rc;
     }
-}
-
-static int do_cancel(rdv_t *h, const char *key, uint32_t key_len, uint32_t *cancel) {
-    uint32_t waiting = 0;
-    /* acq_rel: pairs with claim_for_delivery; if the receiver got there
-     * first, the message is delivered and the cancel fails */
-    if (!rdv_cas(cancel, &waiting, 1, __ATOMIC_ACQ_REL))
-        return -EALREADY;
-    uint32_t idx;
-    if (rdv_index_acquire(h, key, key_len, 0, &idx) == 0) {
-        struct rdv_slot *s = &h->kslots[idx];
-        rdv_wake_bump(&s->seq); /* the withdrawn waiter re-checks */
-        rdv_index_release(h, idx);
-        rdv_wake_sleepers(&s->seq, &s->sleepers);
+    if (h->kslots[idx].count) {
+        rdv_waiter_free(h, 1, &link);
+        return pop_locked(h, idx, key, key_len, flags, out);
     }
-    return 0;
+    struct rdv_waiter *w = rdv_waiter_at(h, link);
+    w->flags = async ? RDV_WAITER_ASYNC : 0;
+    rdv_waiter_link(h, idx, link);
+    rdv_index_release(h, idx);
+    *waiter = link;
+    if (async)
+        return -EINPROGRESS;
+    return after_wait(h, await_decision(h, w, timeout_ns), waiter, flags, NULL, out);
 }
 
+struct any_keys {
+    const char *keys;
+    const uint32_t *lens;
+    uint32_t n, first;
+};
+
+/* Key i's bytes and length. */
+static const char *any_key(const struct any_keys *k, uint32_t i, uint32_t *len) {
+    const char *p = k->keys;
+    for (uint32_t j = 0; j < i; j++)
+        p += k->lens[j];
+    *len = k->lens[i];
+    return p;
+}
+
+static int try_pop_any(rdv_t *h, const void *arg, uint32_t flags, struct rdv_msg_info *out) {
+    const struct any_keys *k = arg;
+    for (uint32_t j = 0; j < k->n; j++) {
+        uint32_t i = (k->first + j) % k->n, len;
+        const char *key = any_key(k, i, &len);
+        int rc = try_pop(h, key, len, flags, out);
+        if (rc != -EAGAIN)
+            return rc < 0 ? rc : (int)i + 1; /* which + 1 */
+    }
+    return -EAGAIN;
+}
+
+static int do_recv_any_start(rdv_t *h, const char *keys, const uint32_t *key_lens, uint32_t nkeys,
+                             int64_t timeout_ns, uint32_t flags, uint32_t *waiter, uint32_t *which,
+                             struct rdv_msg_info *out) {
+    *waiter = 0;
+    if (nkeys == 0 || nkeys > RDV_ANY_MAX)
+        return -EINVAL;
+    for (uint32_t i = 0; i < nkeys; i++)
+        if (check_key(key_lens[i]) < 0)
+            return -EINVAL;
+    if (rdv_is_aborted(h))
+        return -ECONNABORTED;
+    /* process-local, relaxed: only spreads where each call starts */
+    struct any_keys k = {keys, key_lens, nkeys, rdv_fetch_add(&h->any_turn, 1, __ATOMIC_RELAXED) % nkeys};
+    int async = (flags & RDV_RECV_ASYNC) != 0;
+    int rc = try_pop_any(h, &k, flags, out);
+    if (rc > 0) {
+        *which = (uint32_t)rc - 1;
+        return 0;
+    }
+    if (rc != -EAGAIN || (timeout_ns == 0 && !async))
+        return rc;
+    uint32_t links[RDV_ANY_MAX];
+    int got;
+    rc = alloc_waiters(h, nkeys, links, async ? timeout_ns : -1, try_pop_any, &k, flags, out, &got);
+    if (got) {
+        *which = (uint32_t)rc - 1;
+        return 0;
+    }
+    if (rc < 0)
+        return rc;
+    uint32_t leader = links[0];
+    for (uint32_t i = 0; i < nkeys; i++) {
+        struct rdv_waiter *w = rdv_waiter_at(h, links[i]);
+        w->group = leader;
+        w->key_index = i;
+        w->sibling = i + 1 < nkeys ? links[i + 1] : 0;
+        w->flags = async ? RDV_WAITER_ASYNC : 0;
+    }
+    struct rdv_waiter *l = rdv_waiter_at(h, leader);
+    for (uint32_t j = 0; j < nkeys; j++) {
+        /* acquire: a send of a key linked already may have decided us */
+        if (smp_load_acquire(&l->state) != RDV_WAITER_WAITING)
+            break;
+        uint32_t i = (k.first + j) % nkeys, len, idx;
+        const char *key = any_key(&k, i, &len);
+        rc = rdv_index_acquire(h, key, len, 1, &idx);
+        if (rc < 0) { /* the key index is full: no line to wait in */
+            int left = leave(h, leader, flags, which, out);
+            return left == 1 ? 0 : left < 0 ? left : rc; /* 1: served meanwhile, ours */
+        }
+        if (h->kslots[idx].count) {
+            /* a message came meanwhile: ours, unless a send decided first */
+            if (rdv_waiter_decide(l, RDV_WAITER_CANCELLED)) {
+                rc = pop_locked(h, idx, key, len, flags, out);
+                end_group(h, leader);
+                *which = i;
+                return rc;
+            }
+            rdv_index_maybe_delete(h, idx);
+            rdv_index_release(h, idx);
+            break;
+        }
+        rdv_waiter_link(h, idx, links[i]);
+        rdv_index_release(h, idx);
+    }
+    *waiter = leader;
+    if (async)
+        return -EINPROGRESS;
+    return after_wait(h, await_decision(h, l, timeout_ns), waiter, flags, which, out);
+}
+
+/* A waiter handle from the caller: one of our leader records in use. */
+static struct rdv_waiter *our_waiter(rdv_t *h, uint32_t link) {
+    struct rdv_waiter *w = rdv_waiter_at(h, link);
+    /* relaxed: our own record */
+    if (!w || !rdv_waiter_ours(h, link) || w->group != link || READ_ONCE(w->state) == RDV_WAITER_FREE)
+        return NULL;
+    return w;
+}
+
+static int do_recv_wait(rdv_t *h, uint32_t waiter, int64_t timeout_ns, uint32_t flags,
+                        uint32_t *which, struct rdv_msg_info *out) {
+    struct rdv_waiter *l = our_waiter(h, waiter);
+    if (!l)
+        return -EINVAL;
+    return after_wait(h, await_decision(h, l, timeout_ns), &waiter, flags, which, out);
+}
+
+static int do_recv_cancel(rdv_t *h, uint32_t waiter, uint32_t flags, uint32_t *which,
+                          struct rdv_msg_info *out) {
+    if (!our_waiter(h, waiter))
+        return -EINVAL;
+    return leave(h, waiter, flags, which, out);
+}
+
+static int do_recv_poll(rdv_t *h, int64_t timeout_ns, uint32_t *waiters, uint32_t cap, uint32_t *n) {
+    struct rdv_proc *p = &h->kprocs[h->me];
+    struct rdv_deadline d;
+    rdv_deadline_init(&d, timeout_ns);
+    *n = 0;
+    for (;;) {
+        /* acquire: pairs with the release bump of the bell (rdv_waiter_wake) */
+        uint32_t seen = smp_load_acquire(&p->bell);
+        *n = rdv_waiter_handed(h, 0, waiters, cap);
+        if (*n)
+            return 0;
+        if (rdv_is_aborted(h))
+            return -ECONNABORTED;
+        int64_t left;
+        if (timeout_ns == 0)
+            return -ETIMEDOUT;
+        if (rdv_deadline_left(&d, &left) < 0) {
+            /* at the end of a wait, a look at every record: a sender that
+             * died between a hand-off and its hint is found here */
+            *n = rdv_waiter_handed(h, 1, waiters, cap);
+            return *n ? 0 : -ETIMEDOUT;
+        }
+        int rc = rdv_wait_change(h, &p->bell, &p->bell_sleepers, seen, &d);
+        if (rc == -EINTR)
+            return rc;
+    }
+}
+
+static int do_recv_once(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
+                        uint32_t flags, struct rdv_msg_info *out) {
+    uint32_t waiter;
+    int rc = do_recv_start(h, key, key_len, timeout_ns, flags, &waiter, out);
+    if (waiter && (rc == -ETIMEDOUT || rc == -EINTR)) {
+        int left = leave(h, waiter, flags, NULL, out);
+        if (left != 0)
+            return left == 1 ? 0 : left; /* served while leaving: ours */
+    }
+    return rc;
+}
 
 static int do_abort(rdv_t *h, const char *reason, uint32_t reason_len) {
     struct rdv_header *khdr = h->khdr;
@@ -230,16 +500,12 @@ static int do_abort_reason(rdv_t *h, char *buf, uint32_t cap, uint32_t *len) {
 
 /* Release a received payload: p must be a payload pointer rdv_recv handed
  * out, so its block position sits in the 8 bytes before it. */
+static int payload_pos(rdv_t *h, void *payload, uint64_t *pos);
+
 static int do_release_payload(rdv_t *h, void *payload) {
-    uint8_t *p = payload;
-    if (p < h->karena + 2 * RDV_GRANULE || p > h->karena + h->cap)
-        return -EINVAL;
-    uint64_t pos, len;
-    memcpy(&pos, p - 8, 8);
-    const struct rdv_msg *m = rdv_block_at(h, pos, &len);
-    if (!m || (uint8_t *)m + m->payload_off != p)
-        return -EINVAL;
-    return rdv_arena_free(h, pos); /* checks that pos is a block we may free */
+    uint64_t pos;
+    int rc = payload_pos(h, payload, &pos);
+    return rc < 0 ? rc : rdv_arena_free(h, pos); /* checks that pos is a busy block */
 }
 
 /* ---- public entry points: each holds a reference on the mapping for the
@@ -276,24 +542,93 @@ int rdv_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
                         timeout_ns));
 }
 
-static int recv_ref(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
-                    uint32_t *cancel, int leased, struct rdv_msg_info *out) {
-    if (rdv_get(h) < 0)
-        return -EBADF;
-    int rc = do_recv(h, key, key_len, timeout_ns, cancel, leased, out);
-    if (rc < 0)
-        rdv_put(h); /* on success the reference passes to out->payload */
-    return rc;
-}
+/* A receive holds a reference for the call; on success it passes to the
+ * payload handed out. */
+#define RECV_REF(h, call)                                                                          \
+    do {                                                                                           \
+        if (rdv_get(h) < 0)                                                                        \
+            return -EBADF;                                                                         \
+        int rc_ = (call);                                                                          \
+        if (rc_ != 0 && rc_ != 1)                                                                  \
+            rdv_put(h);                                                                            \
+        return rc_;                                                                                \
+    } while (0)
 
 int rdv_recv(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
-             uint32_t *cancel, struct rdv_msg_info *out) {
-    return recv_ref(h, key, key_len, timeout_ns, cancel, 0, out);
+             struct rdv_msg_info *out) {
+    RECV_REF(h, do_recv_once(h, key, key_len, timeout_ns, 0, out));
 }
 
 int rdv_recv_leased(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
-                    uint32_t *cancel, struct rdv_msg_info *out) {
-    return recv_ref(h, key, key_len, timeout_ns, cancel, 1, out);
+                    struct rdv_msg_info *out) {
+    RECV_REF(h, do_recv_once(h, key, key_len, timeout_ns, RDV_RECV_LEASED, out));
+}
+
+int rdv_recv_start(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
+                   uint32_t flags, uint32_t *waiter, struct rdv_msg_info *out) {
+    RECV_REF(h, do_recv_start(h, key, key_len, timeout_ns, flags, waiter, out));
+}
+
+int rdv_recv_any_start(rdv_t *h, const char *keys, const uint32_t *key_lens, uint32_t nkeys,
+                       int64_t timeout_ns, uint32_t flags, uint32_t *waiter, uint32_t *which,
+                       struct rdv_msg_info *out) {
+    RECV_REF(h, do_recv_any_start(h, keys, key_lens, nkeys, timeout_ns, flags, waiter, which, out));
+}
+
+int rdv_recv_wait(rdv_t *h, uint32_t waiter, int64_t timeout_ns, uint32_t flags,
+                  uint32_t *which, struct rdv_msg_info *out) {
+    RECV_REF(h, do_recv_wait(h, waiter, timeout_ns, flags, which, out));
+}
+
+int rdv_recv_cancel(rdv_t *h, uint32_t waiter, uint32_t flags, uint32_t *which,
+                    struct rdv_msg_info *out) {
+    /* 1: a message, whose payload keeps the reference; 0: none */
+    if (rdv_get(h) < 0)
+        return -EBADF;
+    int rc = do_recv_cancel(h, waiter, flags, which, out);
+    if (rc != 1)
+        rdv_put(h);
+    return rc;
+}
+
+int rdv_recv_poll(rdv_t *h, int64_t timeout_ns, uint32_t *waiters, uint32_t cap, uint32_t *n) {
+    WITH_REF(h, do_recv_poll(h, timeout_ns, waiters, cap, n));
+}
+
+static int do_recv_interrupt(rdv_t *h) {
+    struct rdv_proc *p = &h->kprocs[h->me];
+    rdv_wake_all(&p->bell, &p->bell_sleepers);
+    return 0;
+}
+
+int rdv_recv_interrupt(rdv_t *h) { WITH_REF(h, do_recv_interrupt(h)); }
+
+/* The block position of a payload rdv_recv handed out (in the 8 bytes
+ * before it), checked against the block there. */
+static int payload_pos(rdv_t *h, void *payload, uint64_t *pos) {
+    uint8_t *p = payload;
+    if (p < h->karena + 2 * RDV_GRANULE || p > h->karena + h->cap)
+        return -EINVAL;
+    uint64_t len;
+    memcpy(pos, p - 8, 8);
+    const struct rdv_msg *m = rdv_block_at(h, *pos, &len);
+    return m && (uint8_t *)m + m->payload_off == p ? 0 : -EINVAL;
+}
+
+int rdv_give_back(rdv_t *h, void *payload) {
+    if (rdv_forked(h))
+        return 0; /* the parent's */
+    uint64_t pos;
+    int rc = payload_pos(h, payload, &pos);
+    if (rc < 0)
+        return rc;
+    rc = rdv_queue_give_back(h, pos);
+    if (rc == -EINVAL)
+        return rc; /* not a view of ours: nothing changed */
+    if (rc < 0)
+        rdv_arena_free(h, pos); /* aborted, or no key slot for it */
+    rdv_put(h); /* the payload's reference */
+    return rc;
 }
 
 int rdv_release_payload(rdv_t *h, void *payload) {
@@ -303,10 +638,6 @@ int rdv_release_payload(rdv_t *h, void *payload) {
     if (rc == 0)
         rdv_put(h); /* the payload's own reference keeps the mapping until here */
     return rc;
-}
-
-int rdv_cancel(rdv_t *h, const char *key, uint32_t key_len, uint32_t *cancel) {
-    WITH_REF(h, do_cancel(h, key, key_len, cancel));
 }
 
 int rdv_abort(rdv_t *h, const char *reason, uint32_t reason_len) {

@@ -57,6 +57,14 @@ struct rdv {
      * nested in one of ours (a lock waiter inside a reclaim finds a dead
      * holder), which would take the byte lock again and drop it early. */
     uint8_t reclaiming[RDV_MAX_PROCS];
+    /* Our waiter records (rdv_waiter.c): the slabs we allocated and the
+     * records not in use, process-local arrays of links. */
+    pthread_mutex_t waiter_lock;
+    uint32_t *slabs;
+    uint32_t n_slabs, cap_slabs;
+    uint32_t *free_waiters;
+    uint32_t n_free, cap_free;
+    uint32_t any_turn; /* where the next rdv_recv_any_start begins its turn */
 };
 
 #endif

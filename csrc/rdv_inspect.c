@@ -1,4 +1,4 @@
-/* Layer 9: the public entry points that look at a rendezvous without
+/* Layer 10: the public entry points that look at a rendezvous without
  * changing it (statistics, keys, processes) and the explicit reclaim. */
 #include <errno.h>
 #include <string.h>
@@ -9,6 +9,7 @@
 #include "rdv_open.h"
 #include "rdv_recover.h"
 #include "rdv_wait.h"
+#include "rdv_waiter.h"
 
 static int do_stats(rdv_t *h, struct rdv_stats *out) {
     memset(out, 0, sizeof *out);
@@ -22,6 +23,19 @@ static int do_stats(rdv_t *h, struct rdv_stats *out) {
         out->waiters += READ_ONCE(s->waiters);
     }
     rdv_arena_usage(h, &out->bytes_used, &out->bytes_free, &out->largest_free, &out->live_blocks);
+    /* Waiter slabs are counted apart from messages (a walk, so a moment
+     * apart from the snapshot above: a slab allocated in between is rare) */
+    const struct rdv_msg *m;
+    for (uint32_t g = 0; (m = rdv_arena_next(h, &g)); rdv_arena_step(h, &g)) {
+        uint64_t len;
+        /* relaxed: a snapshot */
+        if (READ_ONCE(m->stage) == RDV_MSG_WAITERS && rdv_block_at(h, m->pos, &len) &&
+            out->bytes_used >= len && out->live_blocks) {
+            out->waiter_bytes += len;
+            out->bytes_used -= len;
+            out->live_blocks--;
+        }
+    }
     out->capacity = h->cap;
     out->max_keys = h->khdr->max_keys;
     out->aborted = rdv_is_aborted(h);
@@ -87,8 +101,6 @@ static int do_procs(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t 
         pi->state = st;
         pi->alive = (uint32_t)h->ops.alive(h, i);
         pi->attached_ns = READ_ONCE(p->attached_ns);
-        for (int w = 0; w < RDV_PROC_WAITS; w++)
-            pi->waits += READ_ONCE(p->waits[w]) != 0;
     }
     /* a snapshot for humans: the lock-free walk, as everywhere */
     const struct rdv_msg *m;
@@ -98,6 +110,13 @@ static int do_procs(rdv_t *h, struct rdv_proc_info *out, uint32_t cap, uint32_t 
             for (uint32_t j = 0; j < k; j++)
                 count_holding(&out[j], m, len);
     }
+    /* receives waiting in line: linked waiter records */
+    uint32_t g = 0, first, last;
+    while ((m = rdv_waiter_slab_next(h, 0, &g, &first, &last)))
+        for (uint32_t j = 0; j < k; j++)
+            if (m->owner == out[j].entry + 1)
+                for (uint32_t link = first; link <= last; link++)
+                    out[j].waits += READ_ONCE(rdv_waiter_at(h, link)->slot) != 0; /* relaxed: a snapshot */
     *n = k;
     return 0;
 }

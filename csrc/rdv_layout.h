@@ -3,7 +3,7 @@
  * by _Static_asserts. Types and inline helpers only: no code that calls out.
  *
  *   [ header: 2 pages ][ process table ][ key index: slots x 64 B ]
- *   [ side table: u32 per granule ][ arena ]
+ *   [ side table: u32 per granule ][ arena ][ home slabs: one per process entry ]
  *
  * The arena is a heap of variable-size blocks (rdv_arena.c): the side table
  * is the map of which granules start a block, free or busy. */
@@ -24,7 +24,7 @@
 #define RDV_MAX_ARENA ((uint64_t)RDV_MAX_ARENA_BYTES) /* shmrdv.h; granule indexes fit RDV_GRANULE_BITS */
 #define RDV_MIN_BLOCK 4u /* granules: a free block holds its start tag, two links, its end tag */
 /* RDV_MAX_PROCS (shmrdv.h): processes attached at once (handles, really) */
-#define RDV_PROC_WAITS 46 /* concurrent waits per handle that survive its death */
+#define RDV_PROC_SPARE 46 /* words of a process entry kept for later use */
 
 /* Segregated free lists (two-level, TLSF-style): first level by the top set
  * bit of a block's length in granules, second level by the next
@@ -146,16 +146,17 @@ enum { RDV_PROC_FREE = 0, RDV_PROC_ALIVE = 1, RDV_PROC_RECLAIMING = 2 };
  * one that died (nobody holds it: the kernel dropped the lock). */
 #define RDV_CREATOR_LOCK_BYTE RDV_MAX_PROCS
 
-#define RDV_WAIT_SLEEPING 0x80000000u /* in a wait record: also counted in sleepers */
-
 struct rdv_proc {
     uint32_t state; /* RDV_PROC_*; ALIVE published (release) after pid/start */
     uint32_t pid;   /* for humans (shmrdv ls); liveness uses the byte lock */
     uint64_t attached_ns; /* CLOCK_REALTIME at attach, for humans */
-    uint64_t pad0[2];
-    /* Waits in progress: key slot index + 1, | RDV_WAIT_SLEEPING while also
-     * counted in that slot's sleepers; so a dead waiter's counts come back. */
-    uint32_t waits[RDV_PROC_WAITS];
+    /* The handle's bell: an event count that a send bumps after handing a
+     * message to one of this handle's async waiters (rdv_wait.c's protocol,
+     * bell_sleepers its sleepers word). */
+    uint32_t bell;
+    uint32_t bell_sleepers;
+    uint64_t pad0;
+    uint32_t spare[RDV_PROC_SPARE];
     /* A mark change in progress (rdv_send_commit_marked, rdv_mark_set), so
      * that whoever reclaims us after a death in the middle can roll the mark
      * back if the change did not happen. One at a time per handle
@@ -170,8 +171,8 @@ struct rdv_proc {
  * is always rolled back. */
 #define RDV_MARK_NO_MESSAGE UINT64_MAX
 
-_Static_assert(offsetof(struct rdv_proc, waits) == 32, "wait records");
-_Static_assert(offsetof(struct rdv_proc, mark_state) == 32 + 4 * RDV_PROC_WAITS, "mark record");
+_Static_assert(offsetof(struct rdv_proc, bell) == 16, "bell");
+_Static_assert(offsetof(struct rdv_proc, mark_state) == 32 + 4 * RDV_PROC_SPARE, "mark record");
 _Static_assert(offsetof(struct rdv_proc, mark_pos) % 8 == 0, "mark record is word-aligned");
 _Static_assert(sizeof(struct rdv_proc) == 4 * RDV_LINE, "process entry is 256 B");
 _Static_assert(RDV_MAX_PROCS * sizeof(struct rdv_proc) % RDV_PAGE == 0, "table is whole pages");
@@ -191,17 +192,20 @@ struct rdv_slot {
     uint64_t h1, h2;    /* key hash; written under lock before state = LIVE */
     uint32_t key_len;
     uint32_t max_probe; /* as a home slot: farthest displacement of its keys (ins_lock) */
+    /* A key queues either messages or waiting receivers, never both: a
+     * send hands its message to the oldest waiter, a receiver that finds
+     * a message takes it instead of waiting. */
     uint32_t q_head;    /* oldest queued message: granule index + 1, 0 = none */
     uint32_t q_tail;    /* newest queued message: granule index + 1 */
     uint32_t count;     /* queued messages */
-    uint32_t waiters;   /* receivers inside rdv_recv for this key */
-    uint32_t seq;       /* futex word: bumped on enqueue, abort and cancel */
-    uint32_t sleepers;  /* receivers about to sleep or asleep on seq */
+    uint32_t waiters;   /* waiter records linked below */
+    uint32_t w_head;    /* oldest waiting receiver: its record's link (granule + 1), 0 = none */
+    uint32_t w_tail;    /* newest waiting receiver */
 };
 
 _Static_assert(sizeof(struct rdv_slot) == RDV_LINE, "one slot per cache line");
 _Static_assert(offsetof(struct rdv_slot, h1) == 16, "slot hash");
-_Static_assert(offsetof(struct rdv_slot, seq) == 56, "slot futex word");
+_Static_assert(offsetof(struct rdv_slot, w_head) == 56, "slot waiter queue");
 
 /* ---- message block (in the arena, at a granule boundary) ------------------
  *   [ rdv_msg ][ shape[ndim] ][ strides[ndim] ][ key ][ pad ][ pos ][ payload ]
@@ -248,6 +252,13 @@ enum { RDV_MSG_WRITING = 1, RDV_MSG_QUEUED = 2, RDV_MSG_DELIVERED = 3 };
  * (rdv_lease.c). Meaningful only while DELIVERED; cleared whenever a block
  * goes back to QUEUED. */
 #define RDV_MSG_LEASED 1u
+/* flags: handed by a send to a waiting receiver that has not taken it yet.
+ * Goes back to the head of its key if the receiver dies, as a leased view
+ * does; the receiver's take clears it. */
+#define RDV_MSG_HANDED 2u
+/* stage of a block that holds waiter records (a slab) rather than a
+ * message: owned by one handle, freed when it closes or dies. */
+#define RDV_MSG_WAITERS 4
 
 _Static_assert(sizeof(struct rdv_msg) == RDV_LINE, "message header is one line");
 _Static_assert(offsetof(struct rdv_msg, pos) == 16, "message position (tests read it)");
@@ -255,6 +266,65 @@ _Static_assert(offsetof(struct rdv_msg, dtype) == 40, "dtype offset");
 _Static_assert(offsetof(struct rdv_msg, stage) == 31, "message stage (tests poke it)");
 _Static_assert(offsetof(struct rdv_msg, owner) == 36, "message owner (tests poke it)");
 _Static_assert(offsetof(struct rdv_msg, flags) == 38, "message flags (tests poke them)");
+
+/* ---- waiter records (in slabs: arena blocks of stage RDV_MSG_WAITERS) ------
+ * A receiver that finds its key empty links a waiter record at the tail of
+ * the key's waiter queue. A send hands its message to the oldest record:
+ * one compare-and-swap of the group leader's state from WAITING to
+ * HANDED | the message's granule decides it against the owner's withdraw
+ * (WAITING to CANCELLED) and against the sends of the group's other keys
+ * (recv_any links one record per key, all naming one leader). A record is
+ * linked into one slot at a time; next, prev and slot change only under
+ * that slot's lock.
+ *
+ * A slab is RDV_SLAB_GRANULES granules: a block header, one granule of
+ * slab control, then one record per granule. A record's link is its
+ * granule + 1, like a message's, counted from the arena's start. Each
+ * process entry has a home slab just past the arena (entry i's at granule
+ * arena granules + i * RDV_SLAB_GRANULES), so a handle's first 62 waits
+ * take no arena space; more come from arena blocks of stage
+ * RDV_MSG_WAITERS. */
+
+#define RDV_SLAB_GRANULES 64u
+#define RDV_SLAB_FIRST 2u /* granule of a slab's first record */
+
+enum { RDV_WAITER_FREE = 0, RDV_WAITER_WAITING = 0x40000000u, RDV_WAITER_CANCELLED = 0x80000000u,
+       RDV_WAITER_HANDED = 0xC0000000u };
+#define RDV_WAITER_KIND(v) ((v) & 0xC0000000u)
+#define RDV_WAITER_GRANULE(v) ((v) & 0x3fffffffu)
+
+#define RDV_WAITER_ASYNC 1u /* flags: the owner learns of a hand-off from its bell */
+
+struct rdv_waiter {
+    /* Leader only: RDV_WAITER_* (HANDED | granule of the message); a
+     * blocking receiver's futex word. */
+    uint32_t state;
+    uint32_t sleeping; /* leader only: the receiver is (about to be) asleep on state */
+    uint32_t group;    /* the leader's link (its own when alone) */
+    uint32_t next;     /* waiter queue links (slot lock) */
+    uint32_t prev;
+    uint32_t slot;     /* slot index + 1 while linked, 0 otherwise (slot lock) */
+    uint16_t owner;    /* entry + 1 of the receiving handle */
+    uint16_t flags;    /* RDV_WAITER_ASYNC */
+    uint32_t slab;     /* link of its slab's control granule */
+    /* Leader only: the record a send handed its message through, written
+     * (under that record's slot lock) before the message is DELIVERED. */
+    uint32_t won;
+    uint32_t key_index; /* which of the group's keys this record waits on */
+    uint32_t sibling;   /* the group's next record, 0 at the end (owner only) */
+    uint8_t pad[RDV_LINE - 44];
+};
+
+/* The second granule of a slab. */
+struct rdv_slab {
+    /* A hint set after a hand-off to one of the slab's async records: the
+     * owner's poll looks at slabs that have it. */
+    uint32_t handed;
+    uint8_t pad[RDV_LINE - 4];
+};
+
+_Static_assert(sizeof(struct rdv_waiter) == RDV_LINE, "a waiter record is one granule");
+_Static_assert(sizeof(struct rdv_slab) == RDV_LINE, "slab control is one granule");
 
 /* ---- side table: one u32 per arena granule ---------------------------------
  * The first granule of every block holds its start tag: BUSY or FREE, and

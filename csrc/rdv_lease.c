@@ -1,4 +1,4 @@
-/* Layer 6: leased receive: a message taken with rdv_recv_leased whose receiver dies
+/* Layer 7: leased receive: a message taken with rdv_recv_leased whose receiver dies
  * before releasing it goes back to the head of its key's queue, for the next
  * receiver (at-least-once forwarding: the network bridge frees a message
  * only once the far side has it), instead of being freed with the dead
@@ -180,10 +180,10 @@ static void give_back(rdv_t *h, uint32_t who, const struct chain *c) {
     if (s->q_tail == 0)
         s->q_tail = c->last_g;
     s->count += c->n;
-    /* Under the lock: if we die before, the lock still names the dead and
-     * the repair wakes them (reclaim_locks). */
-    if (s->waiters)
-        rdv_wake_all(&s->seq, &s->sleepers);
+    /* Hand them to waiting receivers, waking them under the lock: if we die
+     * before, the lock still names the dead and its repair serves them. */
+    rdv_queue_serve(h, idx, NULL);
+    rdv_index_maybe_delete(h, idx);
     rdv_unlock(&s->lock);
 }
 

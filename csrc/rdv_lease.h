@@ -1,4 +1,4 @@
-/* Layer 6: leased receive's recovery: the leased views a dead receiver held
+/* Layer 7: leased receive's recovery: the leased views a dead receiver held
  * go back to the head of their keys. */
 #ifndef RDV_LEASE_H
 #define RDV_LEASE_H

@@ -49,10 +49,10 @@ int rdv_live_claim(rdv_t *h) {
         }
         p->pid = (uint32_t)rdv_pid();
         p->attached_ns = rdv_wall_ns();
-        memset(p->waits, 0, sizeof p->waits);
+        p->bell_sleepers = 0; /* a sleeper that died asleep leaves it high */
         p->mark_state = 0; /* zero already, unless damaged: no change of ours in flight */
         h->me = i;
-        /* release: publishes pid and the cleared records to readers of state */
+        /* release: publishes pid and the cleared words to readers of state */
         smp_store_release(&p->state, RDV_PROC_ALIVE);
         return 0;
     }
@@ -63,21 +63,4 @@ void rdv_live_release(rdv_t *h) {
     /* release: our last accesses through the entry happen before reuse */
     smp_store_release(&h->kprocs[h->me].state, RDV_PROC_FREE);
     rdv_byte_unlock(h->fd, h->me);
-}
-
-uint32_t *rdv_live_wait_record(rdv_t *h, uint32_t slot_idx) {
-    struct rdv_proc *p = &h->kprocs[h->me];
-    for (int i = 0; i < RDV_PROC_WAITS; i++) {
-        uint32_t empty = 0;
-        /* relaxed: only our own threads write our records, and only a
-         * reclaimer (after our death, holding our byte lock) reads them */
-        if (rdv_cas(&p->waits[i], &empty, slot_idx + 1, __ATOMIC_RELAXED))
-            return &p->waits[i];
-    }
-    return NULL; /* more concurrent waits than records: this one is not covered */
-}
-
-void rdv_live_wait_unrecord(uint32_t *krecord) {
-    if (krecord)
-        WRITE_ONCE(*krecord, 0); /* relaxed: see rdv_live_wait_record */
 }

@@ -24,9 +24,4 @@ int rdv_live_held_elsewhere(rdv_t *h, uint32_t entry);
 int rdv_live_take(rdv_t *h, uint32_t entry);
 void rdv_live_give_back(rdv_t *h, uint32_t entry);
 
-/* A wait in progress on key slot slot_idx, recorded in our entry so that
- * our death gives its counts back; NULL when every record is in use. */
-uint32_t *rdv_live_wait_record(rdv_t *h, uint32_t slot_idx);
-void rdv_live_wait_unrecord(uint32_t *krecord);
-
 #endif

@@ -1,4 +1,4 @@
-/* Layer 6: producer marks: records in the segment header that an idempotent producer
+/* Layer 7: producer marks: records in the segment header that an idempotent producer
  * (the network bridge) changes together with a commit, so that after its
  * death it can tell exactly which of its messages were committed.
  *

@@ -1,4 +1,4 @@
-/* Layer 6: producer marks, changed atomically with a commit against the
+/* Layer 7: producer marks, changed atomically with a commit against the
  * producer's death (see rdv_mark.c and shmrdv.h). */
 #ifndef RDV_MARK_H
 #define RDV_MARK_H

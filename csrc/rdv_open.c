@@ -1,4 +1,4 @@
-/* Layer 8: opening and closing handles (see rdv_open.h). */
+/* Layer 9: opening and closing handles (see rdv_open.h). */
 #include <errno.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -10,6 +10,7 @@
 #include "rdv_os.h"
 #include "rdv_recover.h"
 #include "rdv_segment.h"
+#include "rdv_waiter.h"
 
 static const struct rdv_ops default_ops = {
     .alive = rdv_live_alive,
@@ -100,7 +101,8 @@ void rdv_put(rdv_t *h) {
     /* acq_rel: every access through the mapping happens before the unmap;
      * the old value 1 means this was the last reference */
     if (rdv_fetch_add(&h->refs, -1, __ATOMIC_ACQ_REL) == 1) {
-        rdv_recover_own(h);
+        rdv_recover_own(h); /* frees our waiter slabs too */
+        rdv_waiter_pool_drop(h);
         rdv_live_release(h);
         rdv_segment_unmap(h);
     }

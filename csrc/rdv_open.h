@@ -1,4 +1,4 @@
-/* Layer 8: opening and closing handles: create and attach (registering in
+/* Layer 9: opening and closing handles: create and attach (registering in
  * the process table, reclaiming the dead), references on the mapping, and
  * fork awareness. */
 #ifndef RDV_OPEN_H

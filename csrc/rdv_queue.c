@@ -1,7 +1,22 @@
-/* Layer 5: per-key FIFO queues. A queue is a singly linked list of message
+/* Layer 6: per-key FIFO queues. A queue is a singly linked list of message
  * blocks (rdv_msg.next), changed only under its slot's lock; a message's
  * bytes are written before the lock is taken, so the unlock (release)
- * publishes them to the receiver that next takes the lock (acquire). */
+ * publishes them to the receiver that next takes the lock (acquire).
+ *
+ * A key queues messages or waiting receivers (rdv_waiter.c), never both:
+ * whatever adds a message to a key with waiters hands messages to waiters,
+ * oldest to oldest, before it lets go of the lock (serve). A hand-off:
+ *   1. decide the oldest waiter's group: WAITING -> HANDED | granule (CAS);
+ *      a group decided otherwise (withdrawn, or handed a message of
+ *      another key) is unlinked and the next waiter tried;
+ *   2. the leader's won names the record;
+ *   3. the message: owner the receiver, flags HANDED, then DELIVERED;
+ *   4. unlinked from the message queue, then the record from the waiters;
+ *   5. after the unlock, wake that one receiver.
+ * A holder that dies part-way leaves the lock naming it, and the repair
+ * (rdv_queue_repair) finishes what step 1 decided. The receiver takes the
+ * message (rdv_queue_take): its flags lose HANDED; until then its death
+ * sends the message back to the head of its key (rdv_lease.c). */
 #include <errno.h>
 #include <string.h>
 
@@ -11,6 +26,7 @@
 #include "rdv_lock.h"
 #include "rdv_queue.h"
 #include "rdv_wait.h"
+#include "rdv_waiter.h"
 
 static uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
@@ -60,55 +76,189 @@ int rdv_queue_link(rdv_t *h, uint64_t pos) {
     s->q_tail = g;
     s->count++;
     m->owner = 0;
-    int wake = s->waiters != 0;
-    if (wake)
-        rdv_wake_bump(&s->seq);
+    uint32_t woken = 0;
+    if (s->w_head) {
+        rdv_queue_serve(h, idx, &woken);
+        rdv_index_maybe_delete(h, idx); /* handed over: the key may hold nothing now */
+    }
     rdv_index_release(h, idx);
-    if (wake) /* a stale wake on a slot reused meanwhile is harmless */
-        rdv_wake_sleepers(&s->seq, &s->sleepers);
+    if (woken) /* after the unlock: a receiver that preempts us finds the lock free */
+        rdv_waiter_wake(h, woken);
     return 0;
 }
 
-int rdv_queue_pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len, int leased,
-                  struct rdv_msg_info *out) {
+/* Steps 2 to 4 of a hand-off, once step 1 gave message m (the queue's
+ * head) to w's group: also what a repair finishes. */
+static void finish_hand_off(struct rdv_msg *m, struct rdv_waiter *leader, uint32_t w_link,
+                            const struct rdv_waiter *w) {
+    leader->won = w_link;
+    m->owner = w->owner;
+    m->flags = RDV_MSG_HANDED;
+    /* release: won, owner and flags before the stage (a receiver that sees
+     * DELIVERED with acquire reads them; a repair sees them in order) */
+    smp_store_release(&m->stage, RDV_MSG_DELIVERED);
+}
+
+static uint32_t hand_head(rdv_t *h, uint32_t idx) {
+    struct rdv_slot *s = &h->kslots[idx];
     uint64_t len;
-    const struct rdv_msg *m = rdv_queued_msg(h, s->q_head, &len);
+    struct rdv_msg *m = rdv_queued_msg(h, s->q_head, &len);
     if (!m)
-        return -EBADMSG;
-    uint64_t pos = m->pos;
-    uint32_t ndim = m->ndim, dlen = m->dtype_len, off = m->payload_off;
-    if (ndim > RDV_NDIM_MAX || dlen == 0 || dlen > RDV_DTYPE_MAX || m->key_len != key_len ||
-        off != rdv_meta_bytes(ndim, key_len) || m->nbytes > len - off)
+        return 0;
+    uint32_t g = s->q_head;
+    for (uint64_t tries = 0; s->w_head && tries < h->granules; tries++) {
+        uint32_t w_link = s->w_head;
+        struct rdv_waiter *w = rdv_waiter_at(h, w_link);
+        if (!w) {
+            rdv_waiter_rebuild(h, idx, 0); /* damage: a head out of range */
+            continue;
+        }
+        uint32_t l_link = rdv_waiter_at(h, w->group) ? w->group : w_link;
+        struct rdv_waiter *leader = rdv_waiter_at(h, l_link);
+        if (!rdv_waiter_decide(leader, RDV_WAITER_HANDED | (g - 1))) {
+            rdv_waiter_unlink(h, idx, w_link); /* withdrawn, or served by another key */
+            continue;
+        }
+        finish_hand_off(m, leader, w_link, w);
+        /* release: as in rdv_queue_pop, the stage lands before the unlink */
+        smp_store_release(&s->q_head, m->next);
+        if (s->q_head == 0)
+            s->q_tail = 0;
+        s->count--;
+        rdv_waiter_unlink(h, idx, w_link);
+        return l_link;
+    }
+    return 0;
+}
+
+void rdv_queue_serve(rdv_t *h, uint32_t idx, uint32_t *woken) {
+    struct rdv_slot *s = &h->kslots[idx];
+    for (uint64_t n = 0; s->q_head && s->w_head && n < h->granules; n++) {
+        uint32_t link = hand_head(h, idx);
+        if (!link)
+            break;
+        if (woken && !*woken)
+            *woken = link; /* the caller wakes it after its unlock */
+        else
+            rdv_waiter_wake(h, link); /* under the lock: a death leaves it to the repair */
+    }
+}
+
+/* Describe message m into out, bounds-checking what shared memory says. */
+static int describe(rdv_t *h, const struct rdv_msg *m, uint64_t len, struct rdv_msg_info *out) {
+    uint32_t ndim = m->ndim, dlen = m->dtype_len, off = m->payload_off, key_len = m->key_len;
+    if (ndim > RDV_NDIM_MAX || dlen == 0 || dlen > RDV_DTYPE_MAX || key_len == 0 ||
+        key_len > RDV_KEY_MAX || off != rdv_meta_bytes(ndim, key_len) || m->nbytes > len - off)
         return -EBADMSG;
     const int64_t *dims = (const int64_t *)(m + 1);
-    if (memcmp(dims + 2 * ndim, key, key_len) != 0)
-        return -ENOTUNIQ; /* 128-bit hash collision: refuse rather than misdeliver */
-
     out->payload = (uint8_t *)m + off;
     out->nbytes = m->nbytes;
-    out->pos = pos;
+    out->pos = m->pos;
     out->ndim = ndim;
     out->dtype_len = dlen;
     memset(out->dtype, 0, sizeof out->dtype);
     memcpy(out->dtype, m->dtype, dlen);
     memcpy(out->dims, dims, 16ull * ndim);
     rdv_wait_note_sender(h, m->sender_cpu);
+    return 0;
+}
+
+int rdv_queue_pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len, int leased,
+                  struct rdv_msg_info *out) {
+    uint64_t len;
+    struct rdv_msg *m = rdv_queued_msg(h, s->q_head, &len);
+    if (!m)
+        return -EBADMSG;
+    int rc = describe(h, m, len, out);
+    if (rc < 0)
+        return rc;
+    if (m->key_len != key_len || memcmp(rdv_msg_key(m), key, key_len) != 0)
+        return -ENOTUNIQ; /* 128-bit hash collision: refuse rather than misdeliver */
 
     /* Owner and flags, then DELIVERED, then unlinked, in this order against
      * our death (whoever repairs the slot after it sees a prefix of these
      * stores): before the stage, a QUEUED block that repair keeps; after it,
      * a plain view that repair drops from the queue and reclaiming frees
      * with our other views, or a leased one that repair keeps in place. */
-    struct rdv_msg *km = (struct rdv_msg *)m;
-    km->owner = (uint16_t)(h->me + 1);
-    km->flags = leased ? RDV_MSG_LEASED : 0;
+    m->owner = (uint16_t)(h->me + 1);
+    m->flags = leased ? RDV_MSG_LEASED : 0;
     /* release, both: order the stores above before these (see above); the
      * slot lock's release publishes them to other processes */
-    smp_store_release(&km->stage, RDV_MSG_DELIVERED);
-    smp_store_release(&s->q_head, km->next);
+    smp_store_release(&m->stage, RDV_MSG_DELIVERED);
+    smp_store_release(&s->q_head, m->next);
     if (s->q_head == 0)
         s->q_tail = 0;
     s->count--;
+    return 0;
+}
+
+/* Whether m is a hand-off to us that its sender finished. */
+static int handed_to_me(const rdv_t *h, struct rdv_msg *m) {
+    /* acquire: pairs with the release of DELIVERED in finish_hand_off */
+    return smp_load_acquire(&m->stage) == RDV_MSG_DELIVERED && m->owner == h->me + 1 &&
+           (m->flags & RDV_MSG_HANDED);
+}
+
+int rdv_queue_take(rdv_t *h, uint32_t granule, int leased, struct rdv_msg_info *out) {
+    uint64_t len;
+    struct rdv_msg *m = rdv_queued_msg(h, granule + 1, &len);
+    if (!m || m->key_len == 0 || m->key_len > RDV_KEY_MAX || m->ndim > RDV_NDIM_MAX ||
+        sizeof *m + 16ull * m->ndim + m->key_len > len)
+        return -EBADMSG;
+    if (!handed_to_me(h, m)) {
+        /* Its sender is still at it, or died at it: its slot's lock waits
+         * for the one and repairs after the other (finishing the hand-off). */
+        uint32_t idx;
+        if (rdv_index_acquire(h, rdv_msg_key(m), m->key_len, 0, &idx) == 0)
+            rdv_index_release(h, idx);
+        if (!handed_to_me(h, m))
+            return -EBADMSG;
+    }
+    int rc = describe(h, m, len, out);
+    if (rc < 0)
+        return rc;
+    /* ours now: a plain view (freed if we die) or a leased one */
+    WRITE_ONCE(m->flags, leased ? RDV_MSG_LEASED : 0); /* relaxed: our own block */
+    return 0;
+}
+
+int rdv_queue_give_back(rdv_t *h, uint64_t pos) {
+    uint64_t len;
+    struct rdv_msg *m = rdv_block_at(h, pos, &len);
+    /* relaxed: our own view's header */
+    if (!m || READ_ONCE(m->stage) != RDV_MSG_DELIVERED || m->owner != h->me + 1 ||
+        m->key_len == 0 || m->key_len > RDV_KEY_MAX || m->ndim > RDV_NDIM_MAX ||
+        sizeof *m + 16ull * m->ndim + m->key_len > len)
+        return -EINVAL;
+    /* Leased first: if we die from here on, the message goes back to its
+     * key anyway (rdv_lease.c, or the repair of the slot we hold). */
+    WRITE_ONCE(m->flags, RDV_MSG_LEASED); /* relaxed: ordered by the release below */
+    uint32_t idx;
+    int rc = rdv_index_acquire(h, rdv_msg_key(m), m->key_len, 1, &idx);
+    if (rc < 0)
+        return rc; /* still our leased view: the caller frees it */
+    struct rdv_slot *s = &h->kslots[idx];
+    if (rdv_is_aborted(h)) {
+        rdv_index_maybe_delete(h, idx);
+        rdv_index_release(h, idx);
+        return -ECONNABORTED;
+    }
+    uint32_t g = rdv_link_of(pos);
+    m->next = s->q_head;
+    /* release: the link lands before the head reaches it; the commit point */
+    smp_store_release(&s->q_head, g);
+    if (s->q_tail == 0)
+        s->q_tail = g;
+    s->count++;
+    rdv_queue_requeue(m);
+    uint32_t woken = 0;
+    if (s->w_head) {
+        rdv_queue_serve(h, idx, &woken);
+        rdv_index_maybe_delete(h, idx); /* handed over: the key may hold nothing now */
+    }
+    rdv_index_release(h, idx);
+    if (woken)
+        rdv_waiter_wake(h, woken);
     return 0;
 }
 
@@ -143,16 +293,42 @@ static void rebuild_append(uint32_t g, struct rdv_msg *m, uint32_t *head, struct
     (*n)++;
 }
 
+/* A hand-off the dead holder decided (step 1) and did not finish: a record
+ * still linked here whose group is HANDED a QUEUED message of this key. */
+static void finish_decided(rdv_t *h, uint32_t idx) {
+    struct rdv_slot *s = &h->kslots[idx];
+    uint32_t link = s->w_head;
+    for (uint32_t steps = 0; link && steps < h->granules; steps++) {
+        struct rdv_waiter *w = rdv_waiter_at(h, link);
+        if (!w)
+            return;
+        uint32_t l_link = rdv_waiter_at(h, w->group) ? w->group : link;
+        struct rdv_waiter *leader = rdv_waiter_at(h, l_link);
+        /* relaxed: decided already; only its owner frees it, once unlinked */
+        uint32_t st = READ_ONCE(leader->state);
+        uint64_t len;
+        struct rdv_msg *m;
+        if (w->slot == idx + 1 && RDV_WAITER_KIND(st) == RDV_WAITER_HANDED &&
+            (m = rdv_queued_msg(h, RDV_WAITER_GRANULE(st) + 1, &len)) && m->stage == RDV_MSG_QUEUED &&
+            key_matches(h, m, len, s))
+            finish_hand_off(m, leader, link, w);
+        link = w->next;
+    }
+}
+
 /* Keep the QUEUED messages reachable from q_head, in order, then append any
  * message the dead process had marked QUEUED but not yet linked. A block
  * the dead leased that is still reachable (a leased pop it had not finished
  * unlinking, or leased messages its reclaimer was putting back, see
  * rdv_lease.c) stays where it is, queued again: what reclaiming the lease
- * would have done. */
+ * would have done. First, hand-offs the dead decided are finished, so their
+ * messages leave the queue as delivered; last, the waiters still waiting
+ * are kept and served. */
 void rdv_queue_repair(rdv_t *h, uint32_t idx, uint32_t dead) {
     struct rdv_slot *s = &h->kslots[idx];
     if (s->state != RDV_SLOT_LIVE)
         return; /* died inserting it, before it was published */
+    finish_decided(h, idx);
     uint32_t head = 0, n = 0;
     struct rdv_msg *last = NULL;
     uint32_t g = s->q_head;
@@ -164,7 +340,8 @@ void rdv_queue_repair(rdv_t *h, uint32_t idx, uint32_t dead) {
         uint32_t next = m->next;
         if (m->stage == RDV_MSG_QUEUED || rdv_msg_leased_by(m, dead + 1))
             rebuild_append(g, m, &head, &last, &n);
-        /* else: a pop the dead process started; its block is freed as its own */
+        /* else: a pop the dead process started (its block is freed as its
+         * own), or a hand-off it finished (the receiver's now) */
         g = next;
     }
     /* Messages it was linking: QUEUED, still owned by it, keyed here. */
@@ -180,6 +357,8 @@ void rdv_queue_repair(rdv_t *h, uint32_t idx, uint32_t dead) {
     s->q_head = head;
     s->q_tail = last ? rdv_link_of(last->pos) : 0;
     s->count = n;
+    rdv_waiter_rebuild(h, idx, dead + 1);
+    rdv_queue_serve(h, idx, NULL);
 }
 
 /* Take every message of slot s's queue as ours, delivered: a pop of each,
@@ -204,6 +383,19 @@ static uint32_t take_all(rdv_t *h, struct rdv_slot *s) {
     return first;
 }
 
+/* Every receiver waiting on slot s: abort ends their waits. Under the
+ * lock, so that our death leaves the wakes to whoever repairs the slot. */
+static void wake_waiters(rdv_t *h, struct rdv_slot *s) {
+    uint32_t link = s->w_head;
+    for (uint32_t steps = 0; link && steps < h->granules; steps++) {
+        struct rdv_waiter *w = rdv_waiter_at(h, link);
+        if (!w)
+            return;
+        rdv_waiter_wake(h, rdv_waiter_at(h, w->group) ? w->group : link);
+        link = w->next;
+    }
+}
+
 void rdv_queue_drain_all(rdv_t *h) {
     for (uint64_t i = 0; i <= h->slot_mask; i++) {
         struct rdv_slot *s = &h->kslots[i];
@@ -213,7 +405,7 @@ void rdv_queue_drain_all(rdv_t *h) {
         uint32_t g = 0;
         if (s->state == RDV_SLOT_LIVE) {
             g = take_all(h, s);
-            rdv_wake_all(&s->seq, &s->sleepers);
+            wake_waiters(h, s);
             rdv_index_maybe_delete(h, (uint32_t)i);
         }
         rdv_unlock(&s->lock);

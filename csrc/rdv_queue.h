@@ -1,5 +1,6 @@
-/* Layer 5: the per-key FIFO queues that tie key slots to arena blocks, and
- * their repair after a lock holder's death. */
+/* Layer 6: the per-key FIFO queues that tie key slots to arena blocks, the
+ * hand-off of messages to waiting receivers, and their repair after a lock
+ * holder's death. */
 #ifndef RDV_QUEUE_H
 #define RDV_QUEUE_H
 
@@ -13,10 +14,12 @@ uint64_t rdv_meta_bytes(uint32_t ndim, uint32_t key_len);
 static inline const char *rdv_msg_key(const struct rdv_msg *m) {
     return (const char *)(m + 1) + 16ull * m->ndim;
 }
-/* Whether m is a view that entry who - 1 took with rdv_recv_leased. Read by
+/* Whether m goes back to its key if entry who - 1 dies: a view it took with
+ * rdv_recv_leased, or a message handed to it that it has not taken. Read by
  * reclaimers of that entry: nobody else changes a dead entry's blocks. */
 static inline int rdv_msg_leased_by(const struct rdv_msg *m, uint32_t who) {
-    return m->stage == RDV_MSG_DELIVERED && m->owner == who && (m->flags & RDV_MSG_LEASED);
+    return m->stage == RDV_MSG_DELIVERED && m->owner == who &&
+           (m->flags & (RDV_MSG_LEASED | RDV_MSG_HANDED));
 }
 
 /* The block at pos if it is allocated, WRITING and held by entry who - 1:
@@ -33,6 +36,20 @@ int rdv_queue_link(rdv_t *h, uint64_t pos);
  * us (leased: it goes back to the queue if we die holding it). */
 int rdv_queue_pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len, int leased,
                   struct rdv_msg_info *out);
+/* With slot idx locked: hand its queued messages to its waiters, oldest to
+ * oldest, while it has both. The first receiver handed one is left in
+ * *woken for the caller to wake after its unlock; the others (and all of
+ * them when woken is NULL) are woken under the lock. */
+void rdv_queue_serve(rdv_t *h, uint32_t idx, uint32_t *woken);
+/* Take the message a send handed us (at granule, from our leader's state):
+ * describe it into out and make it our view (leased: it goes back to its
+ * key if we die holding it). -EBADMSG if no such hand-off is there. */
+int rdv_queue_take(rdv_t *h, uint32_t granule, int leased, struct rdv_msg_info *out);
+/* Put a view of ours (DELIVERED, ours) back at the head of its key, or hand
+ * it to the key's oldest waiter: a receiver that gives up after taking.
+ * -EINVAL if pos is not such a view; on -ECONNABORTED and -ENOSPC it stays
+ * our (leased) view, for the caller to free. */
+int rdv_queue_give_back(rdv_t *h, uint64_t pos);
 /* Make a block QUEUED again (owner and flags cleared), in an order that a
  * death in the middle leaves repairable. */
 void rdv_queue_requeue(struct rdv_msg *m);

@@ -1,4 +1,4 @@
-/* Layer 7: reclaiming what dead processes held. A reclaimer takes the dead
+/* Layer 8: reclaiming what dead processes held. A reclaimer takes the dead
  * entry's byte lock (so its own death mid-way is as visible as the first
  * one was) and acts under the dead entry's identity while it repairs, in
  * this order:
@@ -9,11 +9,15 @@
  *      ins_locks;
  *   2. a producer-mark change it was making: rolled back unless its commit
  *      happened (rdv_mark.c);
- *   3. its waits: waiter and sleeper counts go back down;
- *   4. views it took with rdv_recv_leased go back to the head of their keys
- *      (rdv_lease.c);
- *   5. its other blocks: views it held (DELIVERED) and blocks it was
- *      writing (WRITING) are freed. */
+ *   3. its waiter records: unlinked from every key they wait on;
+ *   4. views it took with rdv_recv_leased, and messages handed to it that
+ *      it had not taken, go back to the head of their keys (rdv_lease.c),
+ *      or to the keys' oldest waiters;
+ *   5. its other blocks: views it held (DELIVERED), blocks it was writing
+ *      (WRITING) and its waiter slabs are freed.
+ * Then every receiver that was handed a message is woken once more: a
+ * sender that died between deciding a hand-off and its wake leaves its
+ * receiver asleep. */
 #include <errno.h>
 
 #include "rdv_arena.h"
@@ -26,6 +30,7 @@
 #include "rdv_queue.h"
 #include "rdv_recover.h"
 #include "rdv_wait.h"
+#include "rdv_waiter.h"
 
 /* Step 1: repair, then let go. Inserts hold ins_lock around a slot lock, so
  * slots come before ins_locks; the arena comes first, because the slot
@@ -42,13 +47,10 @@ static void reclaim_locks(rdv_t *h, uint32_t dead) {
     for (uint64_t i = 0; i <= h->slot_mask; i++) {
         struct rdv_slot *s = &h->kslots[i];
         if (READ_ONCE(s->lock) == who) {
+            /* also serves its waiters, under the lock: if we die first, the
+             * lock still names the dead and the next repair does it again */
             rdv_queue_repair(h, (uint32_t)i, dead);
             rdv_index_maybe_delete(h, (uint32_t)i);
-            /* The dead may have queued messages and died before waking the
-             * receivers: wake them, under the lock, so that if we die first
-             * the lock still names the dead and the next repair wakes them. */
-            if (s->state == RDV_SLOT_LIVE && s->waiters)
-                rdv_wake_all(&s->seq, &s->sleepers);
             rdv_unlock(&s->lock);
         }
     }
@@ -59,26 +61,37 @@ static void reclaim_locks(rdv_t *h, uint32_t dead) {
     }
 }
 
-/* Step 3. */
-static void reclaim_waits(rdv_t *h, uint32_t dead) {
-    uint32_t who = dead + 1;
-    struct rdv_proc *p = &h->kprocs[dead];
-    for (int i = 0; i < RDV_PROC_WAITS; i++) {
-        uint32_t rec = READ_ONCE(p->waits[i]); /* relaxed: the dead process's own record */
-        uint32_t idx = (rec & ~RDV_WAIT_SLEEPING) - 1;
-        if (!rec || idx > h->slot_mask)
-            continue;
-        struct rdv_slot *s = &h->kslots[idx];
-        rdv_lock_as(h, &s->lock, who);
-        if (s->waiters)
-            s->waiters--;
-        /* release: as a waiter's own decrement after its futex sleep */
-        if ((rec & RDV_WAIT_SLEEPING) && READ_ONCE(s->sleepers))
-            rdv_fetch_add(&s->sleepers, (uint32_t)-1, __ATOMIC_RELEASE);
-        rdv_index_maybe_delete(h, (uint32_t)idx);
-        rdv_unlock(&s->lock);
-        WRITE_ONCE(p->waits[i], 0); /* relaxed: the entry is reused only after our release of FREE */
-    }
+/* Step 3: a record of the dead is unlinked by rebuilding its slot's
+ * waiter queue without the dead's records (a rebuild, not an unlink: the
+ * dead may have been in the middle of linking or unlinking it). */
+static void reclaim_waiters(rdv_t *h, uint32_t dead) {
+    uint32_t who = dead + 1, g = 0, first, last;
+    while (rdv_waiter_slab_next(h, who, &g, &first, &last))
+        for (uint32_t link = first; link <= last; link++) {
+            struct rdv_waiter *w = rdv_waiter_at(h, link);
+            uint32_t idx = READ_ONCE(w->slot) - 1; /* relaxed: changes only under that slot's lock */
+            if (READ_ONCE(w->slot) == 0 || idx > h->slot_mask)
+                continue;
+            struct rdv_slot *s = &h->kslots[idx];
+            rdv_lock_as(h, &s->lock, who);
+            if (w->slot == idx + 1)
+                rdv_waiter_rebuild(h, idx, who);
+            rdv_index_maybe_delete(h, idx);
+            rdv_unlock(&s->lock);
+        }
+}
+
+/* After reclaiming: wake every receiver a send handed a message to that
+ * has not taken it (a spare wake for most; see the top). */
+static void wake_handed(rdv_t *h) {
+    uint32_t g = 0, first, last;
+    while (rdv_waiter_slab_next(h, 0, &g, &first, &last))
+        for (uint32_t link = first; link <= last; link++) {
+            struct rdv_waiter *w = rdv_waiter_at(h, link);
+            /* relaxed: a wake is a hint; receivers re-read their state */
+            if (w->group == link && RDV_WAITER_KIND(READ_ONCE(w->state)) == RDV_WAITER_HANDED)
+                rdv_waiter_wake(h, link);
+        }
 }
 
 static void reclaim_entry(rdv_t *h, uint32_t dead) {
@@ -88,14 +101,16 @@ static void reclaim_entry(rdv_t *h, uint32_t dead) {
      * kept (QUEUED) or dropped (still WRITING) a message it was linking,
      * and before step 5 frees its WRITING blocks. */
     rdv_mark_recover(h, dead);
-    reclaim_waits(h, dead);
+    reclaim_waiters(h, dead);
     rdv_lease_recover(h, dead);
     /* Step 5: nobody else changes the dead's blocks, so the lock-free walk
      * sees every one of them. */
     struct rdv_msg *m;
     for (uint32_t g = 0; (m = rdv_arena_next(h, &g)); rdv_arena_step(h, &g))
-        if (m->owner == who && (m->stage == RDV_MSG_WRITING || m->stage == RDV_MSG_DELIVERED))
+        if (m->owner == who && (m->stage == RDV_MSG_WRITING || m->stage == RDV_MSG_DELIVERED ||
+                                m->stage == RDV_MSG_WAITERS))
             rdv_arena_free(h, m->pos);
+    rdv_waiter_home_reset(h, who);
 }
 
 void rdv_recover_own(rdv_t *h) { reclaim_entry(h, h->me); }
@@ -126,6 +141,8 @@ int rdv_recover_dead(rdv_t *h, uint32_t *reclaimed) {
         }
         rdv_live_give_back(h, i);
     }
+    if (n)
+        wake_handed(h);
     if (reclaimed)
         *reclaimed = n;
     return 0;

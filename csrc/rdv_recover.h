@@ -1,4 +1,4 @@
-/* Layer 7: recovery, without a daemon. Any process may reclaim a dead
+/* Layer 8: recovery, without a daemon. Any process may reclaim a dead
  * entry; each structure's repair lives beside it (rdv_arena_repair,
  * rdv_queue_repair, rdv_lease_recover, rdv_mark_recover); this layer finds
  * the dead and runs the repairs in order. */

@@ -22,7 +22,9 @@ static void plan(struct layout *l, uint64_t arena_size, uint64_t slots) {
     l->index_off = l->procs_off + RDV_MAX_PROCS * sizeof(struct rdv_proc);
     l->side_off = l->index_off + round_up(slots * sizeof(struct rdv_slot), RDV_PAGE);
     l->arena_off = l->side_off + round_up(arena_size / RDV_GRANULE * 4, RDV_PAGE);
-    l->total = l->arena_off + arena_size;
+    /* then the home slabs of waiter records, one per process entry: a
+     * handle's first waits need no arena space (rdv_waiter.c) */
+    l->total = l->arena_off + arena_size + (uint64_t)RDV_MAX_PROCS * RDV_SLAB_GRANULES * RDV_GRANULE;
 }
 
 static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
@@ -49,6 +51,7 @@ static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
     h->refs = 1;
     h->pid = rdv_pid();
     pthread_mutex_init(&h->mark_lock, NULL);
+    pthread_mutex_init(&h->waiter_lock, NULL);
     /* our own descriptor: it carries our process-table byte lock */
     h->fd = rdv_dup(fd);
     if (h->fd < 0) {
@@ -68,6 +71,8 @@ void rdv_segment_unmap(rdv_t *h) {
 
 void rdv_segment_discard(rdv_t *h) {
     rdv_segment_unmap(h);
+    free(h->slabs); /* a handle that never registered has none; see rdv_waiter.c */
+    free(h->free_waiters);
     free(h);
 }
 

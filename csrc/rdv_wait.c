@@ -78,8 +78,8 @@ static void note_space_waker(rdv_t *h, const uint32_t *kword) {
 
 /* Wait until *kword differs from seen (or spuriously); 0, -ETIMEDOUT or -EINTR.
  * Callers re-check their condition either way. */
-int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t *krecord,
-                    uint32_t seen, const struct rdv_deadline *d) {
+int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t seen,
+                    const struct rdv_deadline *d) {
     int64_t left;
     if (rdv_deadline_left(d, &left) < 0)
         return -ETIMEDOUT;
@@ -102,11 +102,6 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t *kr
      * visible before we re-read the word; pairs with the barrier between the
      * waker's bump of the word and its read of sleepers (rdv_wake_all). */
     rdv_fetch_add(ksleepers, 1, __ATOMIC_SEQ_CST);
-    /* relaxed: read only by whoever reclaims us after our death. Set after
-     * the increment and cleared before the decrement, so a death in between
-     * can only leave sleepers one too high (a spare wake), never too low. */
-    if (krecord)
-        WRITE_ONCE(*krecord, READ_ONCE(*krecord) | RDV_WAIT_SLEEPING);
     smp_mb();
     int rc = 0;
     /* relaxed: after the barrier, the re-read the waker's bump pairs with;
@@ -116,10 +111,10 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t *kr
     /* relaxed: as the re-read above */
     if (rc == 0 && READ_ONCE(*kword) != seen)
         note_space_waker(h, kword);
-    if (krecord)
-        WRITE_ONCE(*krecord, READ_ONCE(*krecord) & ~RDV_WAIT_SLEEPING);
     /* release: we are done reading the word; a waker that still sees us
-     * counted makes one spare wake syscall, no more */
+     * counted makes one spare wake syscall, no more. A waiter that dies
+     * asleep leaves its sleepers word one too high: a spare wake, never a
+     * missed one. */
     rdv_fetch_add(ksleepers, (uint32_t)-1, __ATOMIC_RELEASE);
 
     /* Adapt the budget: a wake within the largest budget means a longer spin

@@ -19,11 +19,11 @@ int rdv_deadline_left(const struct rdv_deadline *d, int64_t *left_ns);
 int rdv_is_aborted(const rdv_t *h);
 
 /* Wait until *kword differs from seen (or spuriously); 0, -ETIMEDOUT or
- * -EINTR. Callers re-check their condition either way. *krecord (may be
- * NULL) is the waiter's record in its process entry, which gets
- * RDV_WAIT_SLEEPING while the waiter is counted in *ksleepers. */
-int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t *krecord,
-                    uint32_t seen, const struct rdv_deadline *d);
+ * -EINTR. Callers re-check their condition either way. *ksleepers counts
+ * the waiters (about to be) asleep on kword, so wakers skip the syscall
+ * when it is 0. */
+int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t seen,
+                    const struct rdv_deadline *d);
 void rdv_wake_all(uint32_t *kword, uint32_t *ksleepers);
 /* The two halves of rdv_wake_all, so a wake syscall can be made after a
  * lock is dropped: a woken receiver that preempts us (same CPU) must not

@@ -20,7 +20,7 @@
 #define RDV_MAX_PROCS 128
 /* The shared layout's version: attach refuses a segment of another one. It
  * sits at byte 8 of every segment (after the magic), in every version. */
-#define RDV_LAYOUT_VERSION 5
+#define RDV_LAYOUT_VERSION 6
 
 typedef struct rdv rdv_t;
 
@@ -42,10 +42,11 @@ struct rdv_stats {
     uint64_t pending_messages;
     uint64_t keys;
     uint64_t waiters;
-    uint64_t bytes_used;   /* in live blocks: queued, being written, held as views */
-    uint64_t bytes_free;   /* capacity - bytes_used */
+    uint64_t bytes_used;   /* in message blocks: queued, being written, held as views */
+    uint64_t bytes_free;   /* capacity - bytes_used - waiter_bytes */
     uint64_t largest_free; /* the largest free block: no message needing more fits now */
-    uint64_t live_blocks;
+    uint64_t live_blocks;  /* message blocks */
+    uint64_t waiter_bytes; /* in slabs of waiter records (receivers that wait in line) */
     uint64_t capacity;
     uint64_t max_keys;
     uint32_t aborted;
@@ -100,24 +101,73 @@ int rdv_mark_set(rdv_t *h, uint32_t idx, uint64_t id, uint64_t val0, uint64_t va
 int rdv_send_commit_marked(rdv_t *h, uint64_t pos, uint32_t idx, uint64_t id, uint64_t val0,
                            uint64_t val1);
 
-/* Consumer. timeout_ns: < 0 forever, 0 never blocks (-EAGAIN when empty).
- * cancel (may be NULL) is a process-local word: 0 while waiting; rdv_cancel
- * moves it to 1 (withdrawn) unless the receiver already moved it to 2
- * (consumed), so a message is either delivered or left queued, never lost. */
+/* Consumer. Receivers of a key are served first come, first served: one
+ * that finds no message waits in line (a waiter record in the segment),
+ * and a send hands its message to the oldest waiter and wakes that one.
+ *
+ * rdv_recv takes the oldest message of key, waiting up to timeout_ns (< 0
+ * forever, 0 never blocks: -EAGAIN when empty) and leaving the line if none
+ * comes. rdv_recv_leased: the message is leased: if this process dies
+ * while it holds the payload (before rdv_release_payload), the message goes
+ * back to the head of its key's queue, ahead of messages queued meanwhile
+ * and in the order its leased messages of that key were allocated, instead
+ * of being freed: at-least-once delivery for a forwarder that releases a
+ * message only once it has passed it on. Releasing it frees it as
+ * rdv_recv's. If the rendezvous is aborted by then, or the key can be
+ * neither found nor re-created because the key index is full, the message
+ * is freed (the latter counted in rdv_stats.leases_dropped). */
 int rdv_recv(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
-             uint32_t *cancel, struct rdv_msg_info *out);
-/* rdv_recv, but the message is leased: if this process dies while it holds
- * the payload (before rdv_release_payload), the message goes back to the
- * head of its key's queue, ahead of messages queued meanwhile and in the
- * order its leased messages of that key were allocated, instead of being
- * freed: at-least-once delivery for a forwarder that releases a message
- * only once it has passed it on. Releasing it frees it as rdv_recv's. If the
- * rendezvous is aborted by then, or the key can be neither found nor
- * re-created because the key index is full, the message is freed (the
- * latter counted in rdv_stats.leases_dropped). */
+             struct rdv_msg_info *out);
 int rdv_recv_leased(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
-                    uint32_t *cancel, struct rdv_msg_info *out);
-int rdv_cancel(rdv_t *h, const char *key, uint32_t key_len, uint32_t *cancel);
+                    struct rdv_msg_info *out);
+
+/* flags of the calls below */
+#define RDV_RECV_LEASED 1 /* take the message leased (see rdv_recv_leased) */
+#define RDV_RECV_ASYNC 2  /* enqueue without waiting; rdv_recv_poll tells when it is served */
+/* Keys one rdv_recv_any_start waits on at most. */
+#define RDV_ANY_MAX 64
+
+/* A receive that keeps its place in line across calls. rdv_recv_start
+ * returns 0 with *out (a message was queued, or one was handed to us
+ * within timeout_ns), -EAGAIN (timeout_ns 0 and nothing queued), or, with
+ * *waiter set to our place in line: -ETIMEDOUT or -EINTR (timeout_ns ran
+ * out, or a signal came) and, with RDV_RECV_ASYNC, -EINPROGRESS at once.
+ * Then rdv_recv_wait waits on (same returns), and rdv_recv_cancel leaves
+ * the line: 0 if it did, 1 if a send had already handed us a message,
+ * which it takes into *out. Every waiter ends with a 0 from rdv_recv_wait
+ * or a return >= 0 from rdv_recv_cancel; -ECONNABORTED ends it too. With
+ * RDV_RECV_ASYNC, timeout_ns bounds only the wait for arena room for the
+ * waiter record (-ENOSPC after it).
+ *
+ * rdv_recv_any_start: the same on nkeys keys at once (key_lens[i] bytes
+ * each, concatenated in keys; distinct; at most RDV_ANY_MAX): the first
+ * message of any of them, taken from exactly one; *which is its key's
+ * index. Keys that have messages when it starts are tried in turn from a
+ * starting point that rotates, so a busy key does not starve the others.
+ *
+ * rdv_recv_poll waits up to timeout_ns for sends to serve this handle's
+ * RDV_RECV_ASYNC waiters and returns up to cap of them (*n); take each
+ * with rdv_recv_wait(..., 0, ...). -ETIMEDOUT when none was served,
+ * -ECONNABORTED once aborted. A wait that ends looks at every waiter, so a
+ * hand-off whose sender died before telling is found within one wait. */
+int rdv_recv_start(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
+                   uint32_t flags, uint32_t *waiter, struct rdv_msg_info *out);
+int rdv_recv_any_start(rdv_t *h, const char *keys, const uint32_t *key_lens, uint32_t nkeys,
+                       int64_t timeout_ns, uint32_t flags, uint32_t *waiter, uint32_t *which,
+                       struct rdv_msg_info *out);
+int rdv_recv_wait(rdv_t *h, uint32_t waiter, int64_t timeout_ns, uint32_t flags,
+                  uint32_t *which, struct rdv_msg_info *out);
+int rdv_recv_cancel(rdv_t *h, uint32_t waiter, uint32_t flags, uint32_t *which,
+                    struct rdv_msg_info *out);
+int rdv_recv_poll(rdv_t *h, int64_t timeout_ns, uint32_t *waiters, uint32_t cap, uint32_t *n);
+/* Make a rdv_recv_poll of this handle in another thread return now. */
+int rdv_recv_interrupt(rdv_t *h);
+/* Put a received payload back at the head of its key's queue (or hand it
+ * to the key's oldest waiter) instead of freeing it: for a receiver that
+ * gives up after a message was handed to it. Drops the payload's reference
+ * as rdv_release_payload does. If the rendezvous is aborted, or the key
+ * index is full, the message is freed instead (-ECONNABORTED, -ENOSPC). */
+int rdv_give_back(rdv_t *h, void *payload);
 /* Give back a payload handed out by rdv_recv or rdv_recv_leased: frees its
  * block and drops the reference the view held on the mapping. */
 int rdv_release_payload(rdv_t *h, void *payload);

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Tuple
 import numpy as np
 import posix_ipc
 
-from . import limits
+from . import async_recv, limits
 from ._binding import ffi, lib, raise_rc
 from .codec import _MAX_CACHED, _dtype_codes, _key_cache, as_sendable
 from .codec import dtype_code as _dtype_code
@@ -190,7 +190,8 @@ def _left(timeout_ns: int, step: int) -> int:
     return timeout_ns if timeout_ns < 0 else max(0, timeout_ns - step)
 
 
-_per_thread = threading.local()  # a reusable rdv_msg_info per thread
+_per_thread = threading.local()  # a reusable rdv_msg_info and waiter word per thread
+_async_pending = async_recv.pending  # recv_async futures outstanding in this process
 
 _DESC_OFFSET = ffi.offsetof("struct rdv_msg_info", "ndim")
 _descs: Dict[bytes, Tuple[np.dtype, Tuple[int, ...], int]] = {}
@@ -228,6 +229,43 @@ def _layout(shape: Tuple[int, ...], itemsize: int) -> _Layout:
     return layout
 
 
+def _thread_scratch() -> Tuple[Any, Any]:
+    """This thread's reusable rdv_msg_info and waiter word."""
+    scratch = getattr(_per_thread, "scratch", None)
+    if scratch is None:
+        scratch = _per_thread.scratch = (ffi.new("struct rdv_msg_info *"), ffi.new("uint32_t *"))
+    return scratch  # type: ignore[no-any-return]
+
+
+def _any_keys(keys: Any) -> Tuple[List[str], bytes, Any]:
+    """Check the keys of a recv_any: (names, their bytes concatenated, lengths)."""
+    if isinstance(keys, (str, bytes)) or not hasattr(keys, "__iter__"):
+        raise InvalidType(f"keys must be a list or tuple of str keys, not {type(keys).__name__}")
+    names = list(keys)
+    if not names:
+        raise InvalidArgument("recv_any needs at least one key")
+    if len(names) > lib.RDV_ANY_MAX:
+        raise InvalidArgument(f"recv_any waits on at most {lib.RDV_ANY_MAX} keys, got {len(names)}")
+    encoded = [_key_bytes(k) for k in names]
+    if len(set(encoded)) != len(encoded):
+        dup = next(k for i, k in enumerate(names) if encoded.index(encoded[i]) != i)
+        raise InvalidArgument(f"recv_any keys must be distinct: {dup!r} is given twice")
+    return names, b"".join(encoded), ffi.new("uint32_t[]", [len(k) for k in encoded])
+
+
+async def _with_timeout(fut: Any, timeout: Optional[float], what: str) -> Any:
+    import asyncio  # here: it loads socket and ssl, which plain use does not need
+
+    if timeout is None:
+        return await fut
+    seconds = _timeout_ns(timeout) / 1e9
+    try:
+        async with asyncio.timeout(seconds):
+            return await fut
+    except TimeoutError:
+        raise RendezvousTimeout(f"{what}: timed out after {seconds:g} s") from None
+
+
 def _no_space_message(name: str, arena: int) -> str:
     try:
         st = os.statvfs("/dev/shm")
@@ -237,20 +275,6 @@ def _no_space_message(name: str, arena: int) -> str:
     return (f"cannot create rendezvous {name!r}: /dev/shm has no room for its {arena}-byte arena "
             f"plus index ({free}); free space there or enlarge it (docker --shm-size, "
             f"a memory-backed emptyDir in Kubernetes)")
-
-
-class _RecvFuture(Future):  # type: ignore[type-arg]
-    """A Future whose cancel() withdraws the waiting receiver, unless it has
-    already taken a message (then cancel() returns False and the result comes)."""
-
-    def __init__(self, withdraw: Any) -> None:
-        super().__init__()
-        self._withdraw = withdraw
-
-    def cancel(self) -> bool:
-        if self.done() or not self._withdraw():
-            return False
-        return super().cancel()
 
 
 def unlink_segment(name: str) -> None:
@@ -313,6 +337,8 @@ class Allocation:
             rc = lib.rdv_send_commit_marked(h, self._pos, *self._mark)
         if rc < 0:
             self._rdv._fail(rc, f"send {self._key!r}")
+        if _async_pending[0]:
+            async_recv.after_send()
 
     def discard(self) -> None:
         """Free the opened block unpublished: what an exception in the ``with``
@@ -420,7 +446,7 @@ class Rendezvous:
         self._finalizer: Optional[weakref.finalize] = None
         self._routes: Any = None if routes is None else _router(routes, token, tls_ca)
         self._forked = False
-        self._pending: "weakref.WeakSet[_RecvFuture]" = weakref.WeakSet()
+        self._completions: Optional[async_recv.Completions] = None
         private = name is None
         if private:
             if create is False:
@@ -553,8 +579,9 @@ class Rendezvous:
         h, self._h = self._h, None
         self._forked = False
         if h is not None:
-            for fut in list(self._pending):
-                fut.cancel()
+            comp, self._completions = self._completions, None
+            if comp is not None:
+                comp.close()  # pending recv_async futures are cancelled
             lib.rdv_close(h)
         if self._finalizer is not None:
             self._finalizer()  # a private rendezvous: unlinked (in its creating process only)
@@ -618,7 +645,7 @@ class Rendezvous:
         if self._h is not None:
             self._h = None
             self._forked = True
-            self._pending = weakref.WeakSet()
+            self._completions = None  # the parent's waiters, and its thread
         if self._finalizer is not None:
             # A private rendezvous is the parent's to unlink, not this child's.
             self._finalizer.detach()
@@ -626,6 +653,16 @@ class Rendezvous:
 
     def _fail(self, rc: int, what: str, explain: Optional[Callable[[int], Optional[str]]] = None) -> NoReturn:
         raise_rc(rc, what, self._abort_reason, name=self._name, explain=explain)
+
+    def _error(self, rc: int, what: str) -> RendezvousError:
+        """The exception _fail would raise, for a future to carry."""
+        try:
+            self._fail(rc, what)
+        except RendezvousError as exc:
+            return exc
+
+    def _closed_error(self) -> RendezvousError:
+        return RendezvousError(f"rendezvous {self._name!r} is closed")
 
     def _constructor(self, size: int) -> str:
         """How to make a rendezvous like this one with another size, for messages."""
@@ -712,6 +749,8 @@ class Rendezvous:
                 rc = _blocking(lambda ns: lib.rdv_send(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, src, nbytes, ns), _left(t, step))
             if rc < 0:
                 self._fail(rc, f"send {key!r}", partial(self._explain_space, f"send {key!r}", len(kb), ndim, nbytes, timeout))
+            if _async_pending[0]:
+                async_recv.after_send()  # a future of ours it served is done when we return
             return
         with Allocation(self, key, kb, dtype, arr.shape, t) as dst:
             np.copyto(dst, arr)
@@ -811,9 +850,9 @@ class Rendezvous:
         flat = np.frombuffer(mem if writable else mem.toreadonly(), dtype=dtype)
         return flat if len(shape) == 1 else flat.reshape(shape)
 
-    def _recv(self, key: str, timeout: Optional[float], cancel: Any, empty_ok: bool = False, lease: bool = False,
+    def _recv(self, key: str, timeout: Optional[float], empty_ok: bool = False, lease: bool = False,
               writable: bool = False) -> Optional[np.ndarray]:
-        """A view; None if cancelled, or if empty_ok and nothing is queued."""
+        """A view; None if empty_ok and nothing is queued."""
         kb = _key_cache.get(key) if type(key) is str else None
         if kb is None:
             kb = _key_bytes(key)
@@ -821,19 +860,42 @@ class Rendezvous:
         h = self._h
         if h is None:
             h = self._handle()
-        info = getattr(_per_thread, "info", None)
-        if info is None:
-            info = _per_thread.info = ffi.new("struct rdv_msg_info *")
-        recv = lib.rdv_recv_leased if lease else lib.rdv_recv
+        info, waiter = _thread_scratch()
+        flags = lib.RDV_RECV_LEASED if lease else 0
         step = _first_step(t)
-        rc = recv(h, kb, len(kb), step, cancel, info)
-        if rc < 0 and _keep_waiting(rc, step, t):
-            rc = _blocking(lambda ns: recv(h, kb, len(kb), ns, cancel, info), _left(t, step))
+        rc = lib.rdv_recv_start(h, kb, len(kb), step, flags, waiter, info)
+        if rc < 0 and waiter[0]:
+            rc = self._wait_in_line(h, int(waiter[0]), t, step, flags, ffi.NULL, info)
         if rc == 0:
             return self._view(info, writable)
-        if (rc == -errno.EAGAIN and empty_ok) or rc == -errno.ECANCELED:
+        if rc == -errno.EAGAIN and empty_ok:
             return None
         self._fail(rc, f"recv {key!r}")
+
+    def _wait_in_line(self, h: Any, waiter: int, timeout_ns: int, waited: int, flags: int, which: Any,
+                      info: Any) -> int:
+        """Keep waiting in line (the first wait took `waited` ns), in slices,
+        so that signal handlers run (Ctrl-C); leave the line at the deadline.
+        An exception from a handler leaves the line too, putting back a
+        message that was handed over meanwhile."""
+        deadline = None if timeout_ns < 0 else time.monotonic_ns() + max(0, timeout_ns - waited)
+        slice_ns = 2 * _FIRST_SLICE_NS
+        try:
+            while True:
+                left = -1 if deadline is None else max(0, deadline - time.monotonic_ns())
+                step = slice_ns if left < 0 or left > slice_ns else left
+                rc = lib.rdv_recv_wait(h, waiter, step, flags, which, info)
+                if rc not in (-errno.ETIMEDOUT, -errno.EINTR):
+                    return rc  # served (0), or out of line (abort)
+                if rc == -errno.ETIMEDOUT and step == left:
+                    rc = lib.rdv_recv_cancel(h, waiter, flags, which, info)
+                    waiter = 0
+                    return 0 if rc == 1 else (-errno.ETIMEDOUT if rc == 0 else rc)
+                slice_ns = min(2 * slice_ns, _MAX_SLICE_NS)
+        except BaseException:
+            if waiter and lib.rdv_recv_cancel(h, waiter, flags, which, info) == 1:
+                lib.rdv_give_back(h, info.payload)
+            raise
 
     def recv(self, key: str, *, timeout: Optional[float] = None, lease: bool = False, writable: bool = False) -> np.ndarray:
         """Take the oldest message under ``key``, waiting for one if none is
@@ -857,38 +919,92 @@ class Rendezvous:
         writable=True: the view is writable. A received message is this
         receiver's alone, so writing into it touches nobody else's data; a
         leased message goes back to its key with what was written."""
-        view = self._recv(key, timeout, ffi.NULL, False, lease, writable)
-        assert view is not None  # only a cancelled recv_async returns None
+        view = self._recv(key, timeout, False, lease, writable)
+        assert view is not None  # only try_recv returns None
         return view
 
     def try_recv(self, key: str, *, lease: bool = False, writable: bool = False) -> Optional[np.ndarray]:
         """Like ``recv`` but never blocks: the view, or None when nothing is
         queued. ``lease`` and ``writable`` as in ``recv``."""
-        return self._recv(key, 0, ffi.NULL, True, lease, writable)
+        return self._recv(key, 0, True, lease, writable)
 
-    def recv_async(self, key: str) -> "Future[np.ndarray]":
-        """Start a ``recv`` in the background; returns a ``concurrent.futures.Future``.
-        ``cancel()`` withdraws the waiter: it returns True and the next message
-        stays queued, or False if a message was already taken (then the future
-        resolves with it)."""
+    def recv_async(self, key: str) -> "async_recv.RecvFuture":
+        """Start a ``recv`` in the background: returns a ``concurrent.futures.Future``
+        that is also awaitable (``await rdv.recv_async(key)``).
+
+        The receiver takes its place in line at once, first come, first
+        served with every other receiver of the key in every process; a
+        send hands it the next message. No thread per call: one completion
+        thread per handle finishes every future. A send made in this
+        process finishes the future it served before it returns.
+
+        ``cancel()`` returns True and leaves the line if no message was
+        handed over yet (``wait``, ``as_completed`` and ``add_done_callback``
+        see the future cancelled); otherwise it returns False and the future
+        holds the message. A cancelled asyncio task that awaited it leaves
+        the line too, or puts a message handed over meanwhile back at the
+        head of its key. ``close()`` cancels every pending future."""
         kb = _key_bytes(key)
+        return self._async().start(0, kb, what=f"recv_async {key!r}")
+
+    def _async(self) -> "async_recv.Completions":
+        comp = self._completions
+        if comp is None:
+            comp = self._completions = async_recv.Completions(self, self._handle())
+        return comp
+
+    def recv_any(self, keys: Any, *, timeout: Optional[float] = None) -> Tuple[str, np.ndarray]:
+        """Take the first message queued under any of ``keys`` (up to 64
+        distinct keys), waiting for one up to ``timeout`` seconds (None:
+        forever); returns ``(key, view)``. Exactly one message is taken,
+        from one key. When several keys have messages, the key tried first
+        rotates from call to call, so no key is starved; while waiting, the
+        first send to any of the keys serves it."""
+        names, kb, lens = _any_keys(keys)
+        t = -1 if timeout is None else _timeout_ns(timeout)
         h = self._handle()
-        cancel = ffi.new("uint32_t *")
-        fut = _RecvFuture(lambda: lib.rdv_cancel(h, kb, len(kb), cancel) == 0)
-        self._pending.add(fut)
+        info, waiter = _thread_scratch()
+        which = ffi.new("uint32_t *")
+        step = _first_step(t)
+        rc = lib.rdv_recv_any_start(h, kb, lens, len(names), step, 0, waiter, which, info)
+        if rc < 0 and waiter[0]:
+            rc = self._wait_in_line(h, int(waiter[0]), t, step, 0, which, info)
+        if rc < 0:
+            self._fail(rc, f"recv_any {names!r}")
+        return names[which[0]], self._view(info)
 
-        def run() -> None:
+    async def arecv(self, key: str, *, timeout: Optional[float] = None) -> np.ndarray:
+        """``recv`` for asyncio: waits without blocking the event loop (and
+        without a thread of its own). Cancelling the task leaves the line,
+        or puts a message handed over meanwhile back at the head of its key;
+        ``RendezvousTimeout`` after ``timeout`` seconds (None: forever)."""
+        return await _with_timeout(self.recv_async(key), timeout, f"arecv {key!r}")  # type: ignore[no-any-return]
+
+    async def arecv_any(self, keys: Any, *, timeout: Optional[float] = None) -> Tuple[str, np.ndarray]:
+        """``recv_any`` for asyncio: ``(key, view)`` of the first message
+        under any of ``keys``, as ``arecv`` waits."""
+        names, kb, lens = _any_keys(keys)
+        fut = self._async().start(0, kb, names, lens, what=f"arecv_any {names!r}")
+        return await _with_timeout(fut, timeout, f"arecv_any {names!r}")  # type: ignore[no-any-return]
+
+    async def asend(self, key: str, array: Any, *, timeout: Optional[float] = None) -> None:
+        """``send`` for asyncio: while the arena is full it waits for space
+        without blocking the event loop (retrying at 1 ms, doubling to 50 ms),
+        up to ``timeout`` seconds (None: forever), then ``RendezvousTimeout``."""
+        import asyncio  # here: it loads socket and ssl, which plain use does not need
+
+        deadline = None if timeout is None else time.monotonic() + _timeout_ns(timeout) / 1e9
+        pause = 0.001
+        while True:
             try:
-                view = self._recv(key, None, cancel)
-            except BaseException as exc:  # delivered to the waiter, not lost in a thread
-                if not fut.cancelled():
-                    fut.set_exception(exc)
+                self.send(key, array, timeout=0)
                 return
-            if view is not None:
-                fut.set_result(view)
-
-        threading.Thread(target=run, name=f"shmrdv-recv-{key[:40]}", daemon=True).start()
-        return fut
+            except RendezvousTimeout as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise RendezvousTimeout(f"asend {key!r}: no room after {timeout:g} s: {exc}") from None
+            left = pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic()))
+            await asyncio.sleep(left)
+            pause = min(2 * pause, 0.05)
 
     # ---- control -----------------------------------------------------------
 
@@ -923,6 +1039,7 @@ class Rendezvous:
             bytes_free=out.bytes_free,
             largest_free=out.largest_free,
             live_blocks=out.live_blocks,
+            waiter_bytes=out.waiter_bytes,
             capacity=out.capacity,
             max_keys=out.max_keys,
             aborted=bool(out.aborted),

@@ -13,26 +13,32 @@ class Stats:
     keys: int
     """Keys that currently have pending messages or waiting receivers."""
     waiters: int
-    """Receivers blocked in ``recv`` (or a pending ``recv_async``), over all processes."""
+    """Receivers waiting in line (in ``recv``, a pending ``recv_async``), over
+    all processes, once per key they wait on (a ``recv_any`` on three keys
+    counts three)."""
     bytes_used: int
-    """Arena bytes in live blocks: pending messages, messages being written
+    """Arena bytes in message blocks: pending messages, messages being written
     (a send in progress, an open ``alloc``), and received views still held.
     A block is its message plus its header, rounded up to 64 bytes (256 at
     the least), and up to 192 bytes more when the free run it is cut from
     would leave less than 256 bytes behind."""
     bytes_free: int
-    """Arena bytes in free blocks: ``bytes_used + bytes_free == capacity``."""
+    """Arena bytes in free blocks: ``bytes_used + waiter_bytes + bytes_free == capacity``."""
     largest_free: int
     """The largest free block: a message whose block needs more does not fit
     now (it waits for space), one that needs at most this fits at once."""
     live_blocks: int
-    """Blocks in use: pending messages, messages being written, held views."""
+    """Message blocks in use: pending messages, messages being written, held views."""
     capacity: int
     """Arena size in bytes."""
     max_keys: int
     """How many keys the index holds at most."""
     aborted: bool
     """Whether the rendezvous has been aborted."""
+    waiter_bytes: int = 0
+    """Arena bytes holding the records of receivers that wait in line: each
+    handle that has waited keeps slabs of 4 KiB (62 receivers each) until it
+    closes."""
     leases_dropped: int = 0
     """Leased messages (``recv(..., lease=True)``) of dead receivers that
     could not go back to their key because the key index was full, and were

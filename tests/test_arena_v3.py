@@ -58,7 +58,7 @@ STREAM_BLOCK = block_bytes("stream", (STREAM_WORDS,), np.int64)
 
 
 def assert_consistent(st) -> None:
-    assert st.bytes_used + st.bytes_free == st.capacity, st
+    assert st.bytes_used + st.waiter_bytes + st.bytes_free == st.capacity, st
     assert 0 <= st.largest_free <= st.bytes_free, st
     assert st.largest_free % GRANULE == 0 and st.bytes_used % GRANULE == 0, st
 

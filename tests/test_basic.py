@@ -114,7 +114,7 @@ def test_stats_is_a_frozen_dataclass_tracking_messages_and_bytes(rdv):
     assert loaded.pending_messages == 2
     assert loaded.keys == 2
     assert loaded.bytes_used >= empty.bytes_used + 100_010
-    assert loaded.bytes_used + loaded.bytes_free == loaded.capacity
+    assert loaded.bytes_used + loaded.waiter_bytes + loaded.bytes_free == loaded.capacity
 
     for key in ("a", "b"):
         view = rdv.recv(key, timeout=5)

@@ -120,12 +120,12 @@ def test_truncated_segment_is_refused(pristine, rdv_name):
 
 def test_an_old_layout_version_is_named_with_ours(pristine, rdv_name):
     raw = bytearray(pristine)
-    raw[8:12] = (4).to_bytes(4, "little")  # the layout before the heap arena
+    raw[8:12] = (5).to_bytes(4, "little")  # the layout before waiter records
     path = segment_path(rdv_name)
     with open(path, "xb") as f:
         f.write(bytes(raw))
     try:
-        with pytest.raises(shmrdv.SegmentMismatch, match=r"layout version 4, this shmrdv uses version 5.*shmrdv rm"):
+        with pytest.raises(shmrdv.SegmentMismatch, match=r"layout version 5, this shmrdv uses version 6.*shmrdv rm"):
             shmrdv.Rendezvous(rdv_name, create=False)
     finally:
         os.unlink(path)

@@ -53,18 +53,20 @@ LAYERS = {
     # L4: key index, payload arena
     "rdv_index": 4,
     "rdv_arena": 4,
-    # L5: per-key queues
-    "rdv_queue": 5,
-    # L6: leased receive recovery, producer marks
-    "rdv_lease": 6,
-    "rdv_mark": 6,
-    # L7: reclaiming dead processes
-    "rdv_recover": 7,
-    # L8: create/attach/close, refs, the ops hooks
-    "rdv_open": 8,
-    # L9: the public entry points (implement shmrdv.h only)
-    "rdv_api": 9,
-    "rdv_inspect": 9,
+    # L5: waiter records and waiter queues
+    "rdv_waiter": 5,
+    # L6: per-key queues, hand-offs
+    "rdv_queue": 6,
+    # L7: leased receive recovery, producer marks
+    "rdv_lease": 7,
+    "rdv_mark": 7,
+    # L8: reclaiming dead processes
+    "rdv_recover": 8,
+    # L9: create/attach/close, refs, the ops hooks
+    "rdv_open": 9,
+    # L10: the public entry points (implement shmrdv.h only)
+    "rdv_api": 10,
+    "rdv_inspect": 10,
 }
 
 ATOMIC_HEADER = "rdv_atomic.h"
@@ -292,7 +294,7 @@ def test_checker_reports_upward_and_sideways_includes(scratch_csrc):
     problems = check_includes(scratch_csrc, LAYERS)
     assert len(problems) == 2, problems
     upward, sideways = problems
-    for text in ("rdv_arena.c", "(layer 4)", "rdv_recover.h", "(layer 7)", "higher layer"):
+    for text in ("rdv_arena.c", "(layer 4)", "rdv_recover.h", "(layer 8)", "higher layer"):
         assert text in upward, upward
     for text in ("rdv_arena.c", "rdv_index.h", "(layer 4)", "only if it is its own"):
         assert text in sideways, sideways
@@ -317,12 +319,12 @@ def test_checker_reports_upward_and_sideways_calls(scratch_csrc, tmp_path):
     problems = check_calls(objects, LAYERS, nm)
     assert len(problems) == 2, problems
     upward, sideways = problems
-    for text in ("rdv_arena.c (layer 4)", "rdv_recover_dead", "rdv_recover.c (layer 7)", "higher layer"):
+    for text in ("rdv_arena.c (layer 4)", "rdv_recover_dead", "rdv_recover.c (layer 8)", "higher layer"):
         assert text in upward, upward
-    for text in ("rdv_lease.c (layer 6)", "rdv_mark_get_impl", "rdv_mark.c (layer 6)", "same layer"):
+    for text in ("rdv_lease.c (layer 7)", "rdv_mark_get_impl", "rdv_mark.c (layer 7)", "same layer"):
         assert text in sideways, sideways
     private = check_top_layer(scratch_csrc, objects, LAYERS, nm)
-    assert len(private) == 1 and "rdv_inspect.c (layer 9) defines rdv_inspect_probe_private" in private[0], private
+    assert len(private) == 1 and "rdv_inspect.c (layer 10) defines rdv_inspect_probe_private" in private[0], private
 
 
 def test_checker_reports_table_drift(scratch_csrc):
@@ -342,6 +344,6 @@ def test_checker_reports_raw_atomics(scratch_csrc):
 
 
 def test_checker_reports_wrong_layer_comment(scratch_csrc):
-    _edit(scratch_csrc / "rdv_queue.h", "/* Layer 5:", "/* Layer 3:")
+    _edit(scratch_csrc / "rdv_queue.h", "/* Layer 6:", "/* Layer 3:")
     problems = check_layer_notes(scratch_csrc, LAYERS)
-    assert problems == ["rdv_queue.h's first comment says Layer 3, the layer table says 5"], problems
+    assert problems == ["rdv_queue.h's first comment says Layer 3, the layer table says 6"], problems

@@ -161,7 +161,7 @@ def _lease_raw(rdv, key):
     that dies holding it): its block position."""
     kb = key.encode()
     info = ffi.new("struct rdv_msg_info *")
-    assert lib.rdv_recv_leased(rdv._handle(), kb, len(kb), 0, ffi.NULL, info) == 0
+    assert lib.rdv_recv_leased(rdv._handle(), kb, len(kb), 0, info) == 0
     lib.rdv_unref(rdv._handle())  # the payload's reference: nobody releases this one
     return info.pos
 

@@ -84,7 +84,7 @@ static void produce(const char *name, uint64_t id) {
  * come in order, each producer's own. */
 static void *take(rdv_t *h, uint64_t *next_seq, int64_t timeout_ns) {
     struct rdv_msg_info info;
-    int rc = rdv_recv(h, KEY, strlen(KEY), timeout_ns, NULL, &info);
+    int rc = rdv_recv(h, KEY, strlen(KEY), timeout_ns, &info);
     if (rc == -ETIMEDOUT)
         die(h, "a release that made room woke no producer (lost wake-up): recv", rc);
     if (rc)

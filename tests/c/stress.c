@@ -144,7 +144,7 @@ static uint64_t consume(const char *name, int id) {
             key_name(key, k);
             struct rdv_msg_info info;
             /* never block on one key while another's messages fill the arena */
-            int rc = rdv_recv(h, key, strlen(key), took ? 0 : 1000000, NULL, &info);
+            int rc = rdv_recv(h, key, strlen(key), took ? 0 : 1000000, &info);
             if (rc == -EAGAIN || rc == -ETIMEDOUT)
                 continue;
             if (rc)
@@ -199,7 +199,7 @@ static void produce_marked(const char *name) {
 static int drain_marked(rdv_t *h, uint64_t *next) {
     struct rdv_msg_info info;
     int rc;
-    while ((rc = rdv_recv(h, MARKED_KEY, strlen(MARKED_KEY), 0, NULL, &info)) == 0) {
+    while ((rc = rdv_recv(h, MARKED_KEY, strlen(MARKED_KEY), 0, &info)) == 0) {
         uint64_t n;
         memcpy(&n, info.payload, 8);
         rdv_release_payload(h, info.payload);
@@ -265,7 +265,7 @@ static void forward(const char *name, int out) {
     rdv_t *h = attach(name);
     for (uint64_t seed = (uint64_t)getpid();;) { /* until killed */
         struct rdv_msg_info info;
-        int rc = rdv_recv_leased(h, LEASED_KEY, strlen(LEASED_KEY), TIMEOUT_NS, NULL, &info);
+        int rc = rdv_recv_leased(h, LEASED_KEY, strlen(LEASED_KEY), TIMEOUT_NS, &info);
         if (rc)
             die("recv_leased", rc);
         const uint64_t *w = info.payload;
@@ -318,7 +318,7 @@ static int leased_kill_loop(rdv_t *h, const char *name) {
     rdv_gc(h, NULL);
     struct rdv_msg_info info;
     int rc;
-    for (int first = 1; (rc = rdv_recv(h, LEASED_KEY, strlen(LEASED_KEY), 0, NULL, &info)) == 0;
+    for (int first = 1; (rc = rdv_recv(h, LEASED_KEY, strlen(LEASED_KEY), 0, &info)) == 0;
          first = 0) {
         uint64_t n = *(const uint64_t *)info.payload;
         rdv_release_payload(h, info.payload);
@@ -443,7 +443,7 @@ static void churn(const char *name, int c, int ready) {
         for (int got = 0, k = 0; got < want && k < 2 * CHURN_KEYS; k++) {
             churn_key(key, c, k % CHURN_KEYS);
             struct rdv_msg_info info;
-            rc = rdv_recv(h, key, strlen(key), 0, NULL, &info);
+            rc = rdv_recv(h, key, strlen(key), 0, &info);
             if (rc == -EAGAIN)
                 continue;
             if (rc)
@@ -494,7 +494,7 @@ static void own_receive(rdv_t *h, struct own *o, int max) {
     for (int k = 0, got = 0; k < OWN_KEYS && got < max; k++) {
         own_key(key, (int)((o->received + (uint64_t)k) % OWN_KEYS));
         struct rdv_msg_info info;
-        int rc = rdv_recv(h, key, strlen(key), 0, NULL, &info);
+        int rc = rdv_recv(h, key, strlen(key), 0, &info);
         if (rc == -EAGAIN)
             continue;
         if (rc)
@@ -585,7 +585,7 @@ static int churn_kill_loop(rdv_t *h, const char *name) {
             churn_key(key, c, k);
             struct rdv_msg_info info;
             int rc;
-            while ((rc = rdv_recv(h, key, strlen(key), 0, NULL, &info)) == 0) {
+            while ((rc = rdv_recv(h, key, strlen(key), 0, &info)) == 0) {
                 uint64_t sum;
                 failed |= check_words(&info, &sum) != 0;
                 rdv_release_payload(h, info.payload);

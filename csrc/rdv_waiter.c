@@ -1,0 +1,342 @@
+/* Layer 5: waiter records (see rdv_waiter.h and struct rdv_waiter).
+ *
+ * Each handle allocates its records from slabs of its own: arena blocks of
+ * stage RDV_MSG_WAITERS owned by its process entry, so that its death frees
+ * them with its other blocks (after recovery has unlinked every record).
+ * Which records are free is process-local (a mutex and an array); senders
+ * only ever reach a record through a waiter queue, under the slot's lock.
+ *
+ * A waiter queue is doubly linked through next and prev. Its forward links
+ * from w_head are the truth: every change makes the forward chain right
+ * first, with one store, so a holder that dies part-way leaves a chain
+ * that rdv_waiter_rebuild can follow. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdv_arena.h"
+#include "rdv_atomic.h"
+#include "rdv_os.h"
+#include "rdv_wait.h"
+#include "rdv_waiter.h"
+
+#define SLAB_BYTES (RDV_SLAB_GRANULES * RDV_GRANULE)
+#define PER_SLAB (RDV_SLAB_GRANULES - RDV_SLAB_FIRST)
+
+static int grow(uint32_t **arr, uint32_t *cap, uint32_t need) {
+    if (need <= *cap)
+        return 0;
+    uint32_t n = *cap ? *cap : 64;
+    while (n < need)
+        n *= 2;
+    uint32_t *p = realloc(*arr, (size_t)n * sizeof *p);
+    if (!p)
+        return -ENOMEM;
+    *arr = p;
+    *cap = n;
+    return 0;
+}
+
+static uint32_t home_granule(const rdv_t *h, uint32_t entry) {
+    return h->granules + entry * RDV_SLAB_GRANULES;
+}
+
+static struct rdv_msg *header_at(const rdv_t *h, uint32_t g) {
+    return (struct rdv_msg *)(h->karena + (uint64_t)g * RDV_GRANULE);
+}
+
+/* A fresh slab of ours: every record free. Called with waiter_lock held.
+ * The first is our entry's home slab, the others arena blocks. */
+static int add_slab(rdv_t *h) {
+    if (grow(&h->slabs, &h->cap_slabs, h->n_slabs + 1) < 0 ||
+        grow(&h->free_waiters, &h->cap_free, h->n_free + PER_SLAB) < 0)
+        return -ENOMEM;
+    uint32_t g;
+    struct rdv_msg *m;
+    if (h->n_slabs == 0) {
+        g = home_granule(h, h->me);
+        m = header_at(h, g);
+        m->pos = g;
+        m->owner = (uint16_t)(h->me + 1);
+    } else {
+        uint64_t pos;
+        int rc = rdv_arena_alloc(h, SLAB_BYTES, &pos); /* WRITING, ours: freed if we die now */
+        if (rc < 0)
+            return rc;
+        m = rdv_msg_at(h, pos);
+        g = (uint32_t)rdv_pos_granule(pos);
+    }
+    m->next = 0;
+    m->key_len = 0;
+    m->ndim = 0;
+    m->dtype_len = 0;
+    m->flags = 0;
+    m->payload_off = RDV_GRANULE;
+    m->nbytes = SLAB_BYTES - RDV_GRANULE;
+    struct rdv_slab *slab = (struct rdv_slab *)(m + 1);
+    memset(slab, 0, sizeof *slab);
+    for (uint32_t i = RDV_SLAB_FIRST; i < RDV_SLAB_GRANULES; i++) {
+        struct rdv_waiter *w = rdv_waiter_at(h, g + i + 1);
+        memset(w, 0, sizeof *w);
+        w->owner = (uint16_t)(h->me + 1);
+        w->slab = g + 2; /* the control granule's link */
+        h->free_waiters[h->n_free++] = g + i + 1;
+    }
+    /* release: a slab's records are initialised before anyone (a reclaimer,
+     * our poll) looks at it as one */
+    smp_store_release(&m->stage, RDV_MSG_WAITERS);
+    /* kept sorted, for rdv_waiter_ours */
+    uint32_t at = h->n_slabs;
+    while (at > 0 && h->slabs[at - 1] > g + 1) {
+        h->slabs[at] = h->slabs[at - 1];
+        at--;
+    }
+    h->slabs[at] = g + 1;
+    h->n_slabs++;
+    return 0;
+}
+
+int rdv_waiter_ours(rdv_t *h, uint32_t link) {
+    pthread_mutex_lock(&h->waiter_lock);
+    uint32_t lo = 0, hi = h->n_slabs; /* the last slab starting at or before link */
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (h->slabs[mid] <= link)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    int ours = lo > 0 && link >= h->slabs[lo - 1] + RDV_SLAB_FIRST &&
+               link < h->slabs[lo - 1] + RDV_SLAB_GRANULES;
+    pthread_mutex_unlock(&h->waiter_lock);
+    return ours;
+}
+
+int rdv_waiter_alloc(rdv_t *h, uint32_t n, uint32_t *links) {
+    pthread_mutex_lock(&h->waiter_lock);
+    int rc = 0;
+    while (rc == 0 && h->n_free < n)
+        rc = add_slab(h);
+    if (rc == 0)
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t link = h->free_waiters[--h->n_free];
+            struct rdv_waiter *w = rdv_waiter_at(h, link);
+            w->group = link;
+            w->next = w->prev = w->slot = 0;
+            w->flags = 0;
+            w->won = w->key_index = w->sibling = 0;
+            w->sleeping = 0;
+            /* relaxed: nobody else reaches the record until it is linked
+             * (under a slot lock, which publishes it) */
+            WRITE_ONCE(w->state, RDV_WAITER_WAITING);
+            links[i] = link;
+        }
+    pthread_mutex_unlock(&h->waiter_lock);
+    return rc;
+}
+
+void rdv_waiter_free(rdv_t *h, uint32_t n, const uint32_t *links) {
+    pthread_mutex_lock(&h->waiter_lock);
+    for (uint32_t i = 0; i < n; i++) {
+        struct rdv_waiter *w = rdv_waiter_at(h, links[i]);
+        /* relaxed: unlinked everywhere, so only we (and our poll, under
+         * waiter_lock) read it */
+        WRITE_ONCE(w->state, RDV_WAITER_FREE);
+        h->free_waiters[h->n_free++] = links[i]; /* room: every record came from a slab */
+    }
+    pthread_mutex_unlock(&h->waiter_lock);
+}
+
+void rdv_waiter_pool_drop(rdv_t *h) {
+    free(h->slabs);
+    free(h->free_waiters);
+    h->slabs = h->free_waiters = NULL;
+    h->n_slabs = h->cap_slabs = h->n_free = h->cap_free = 0;
+}
+
+/* ---- the waiter queue (slot lock held) ---------------------------------- */
+
+void rdv_waiter_link(rdv_t *h, uint32_t idx, uint32_t link) {
+    struct rdv_slot *s = &h->kslots[idx];
+    struct rdv_waiter *w = rdv_waiter_at(h, link);
+    struct rdv_waiter *tail = rdv_waiter_at(h, s->w_tail);
+    w->slot = idx + 1;
+    w->next = 0;
+    w->prev = tail ? s->w_tail : 0;
+    /* release: the record's fields land before the forward link that makes
+     * it reachable (the one store a repair follows) */
+    if (tail)
+        smp_store_release(&tail->next, link);
+    else
+        smp_store_release(&s->w_head, link);
+    s->w_tail = link;
+    s->waiters++;
+}
+
+int rdv_waiter_unlink(rdv_t *h, uint32_t idx, uint32_t link) {
+    struct rdv_slot *s = &h->kslots[idx];
+    struct rdv_waiter *w = rdv_waiter_at(h, link);
+    if (!w || w->slot != idx + 1)
+        return 0;
+    struct rdv_waiter *prev = rdv_waiter_at(h, w->prev);
+    int member = prev ? prev->slot == idx + 1 && prev->next == link : s->w_head == link;
+    if (member) {
+        /* release: the forward chain skips w before anything else changes:
+         * a repair after our death follows it */
+        if (prev)
+            smp_store_release(&prev->next, w->next);
+        else
+            smp_store_release(&s->w_head, w->next);
+        struct rdv_waiter *next = rdv_waiter_at(h, w->next);
+        if (next)
+            next->prev = w->prev;
+        else
+            s->w_tail = w->prev;
+        if (s->waiters)
+            s->waiters--;
+    }
+    w->slot = 0;
+    return member;
+}
+
+/* Whether record w still waits: linked here, its group undecided. */
+static int still_waiting(rdv_t *h, struct rdv_waiter *w, uint32_t idx, uint32_t drop) {
+    /* relaxed: the state is re-read by whoever decides it, with a CAS */
+    return w->slot == idx + 1 && w->owner != drop &&
+           READ_ONCE(rdv_waiter_leader(h, w)->state) == RDV_WAITER_WAITING;
+}
+
+void rdv_waiter_rebuild(rdv_t *h, uint32_t idx, uint32_t drop) {
+    struct rdv_slot *s = &h->kslots[idx];
+    uint32_t head = 0, tail = 0, n = 0;
+    uint32_t link = s->w_head;
+    for (uint32_t steps = 0; link && steps < h->granules; steps++) {
+        struct rdv_waiter *w = rdv_waiter_at(h, link);
+        if (!w)
+            break; /* the chain is broken here */
+        uint32_t next = w->next;
+        if (still_waiting(h, w, idx, drop)) {
+            struct rdv_waiter *t = rdv_waiter_at(h, tail);
+            if (t)
+                t->next = link;
+            else
+                head = link;
+            w->prev = tail;
+            tail = link;
+            n++;
+        } else if (w->slot == idx + 1) {
+            w->slot = 0;
+        }
+        link = next;
+    }
+    struct rdv_waiter *t = rdv_waiter_at(h, tail);
+    if (t)
+        t->next = 0;
+    /* release: the kept records' links land before the head that reaches them */
+    smp_store_release(&s->w_head, head);
+    s->w_tail = tail;
+    s->waiters = n;
+}
+
+/* ---- deciding and waking ------------------------------------------------ */
+
+int rdv_waiter_decide(struct rdv_waiter *leader, uint32_t to) {
+    uint32_t waiting = RDV_WAITER_WAITING;
+    /* acq_rel: exactly one of a send (HANDED), another key's send of the
+     * same group, and the owner's withdraw (CANCELLED) wins; the winner's
+     * earlier stores are visible to the loser, which re-reads the state */
+    return rdv_cas(&leader->state, &waiting, to, __ATOMIC_ACQ_REL);
+}
+
+void rdv_waiter_wake(rdv_t *h, uint32_t link) {
+    struct rdv_waiter *l = rdv_waiter_at(h, link);
+    if (!l)
+        return;
+    if (l->flags & RDV_WAITER_ASYNC) {
+        struct rdv_waiter *ctl = rdv_waiter_at(h, l->slab);
+        if (ctl)
+            /* release: the decided state lands before the hint; pairs with
+             * the exchange in rdv_waiter_handed */
+            smp_store_release(&((struct rdv_slab *)ctl)->handed, 1);
+        uint32_t owner = l->owner;
+        if (owner >= 1 && owner <= RDV_MAX_PROCS) {
+            struct rdv_proc *p = &h->kprocs[owner - 1];
+            rdv_wake_all(&p->bell, &p->bell_sleepers);
+        }
+        return;
+    }
+    /* The state word changed already (the CAS, or abort's flag): the
+     * barrier and sleeper check of the event count, then one wake */
+    rdv_wake_sleepers(&l->state, &l->sleeping);
+}
+
+/* ---- looking at our slabs ----------------------------------------------- */
+
+uint32_t rdv_waiter_handed(rdv_t *h, int full, uint32_t *out, uint32_t cap) {
+    uint32_t n = 0;
+    pthread_mutex_lock(&h->waiter_lock);
+    for (uint32_t i = 0; i < h->n_slabs; i++) {
+        uint32_t g = h->slabs[i] - 1;
+        struct rdv_slab *slab = (struct rdv_slab *)rdv_waiter_at(h, g + 2);
+        /* relaxed first look, then acquire: pairs with the release store of
+         * the hint in rdv_waiter_wake */
+        if (!full && (READ_ONCE(slab->handed) == 0 || !rdv_exchange(&slab->handed, 0, __ATOMIC_ACQUIRE)))
+            continue;
+        for (uint32_t r = RDV_SLAB_FIRST; r < RDV_SLAB_GRANULES; r++) {
+            uint32_t link = g + r + 1;
+            struct rdv_waiter *w = rdv_waiter_at(h, link);
+            /* acquire: the state a send decided, after the hint */
+            if (w->group == link && (w->flags & RDV_WAITER_ASYNC) &&
+                RDV_WAITER_KIND(smp_load_acquire(&w->state)) == RDV_WAITER_HANDED) {
+                if (n == cap) {
+                    smp_store_release(&slab->handed, 1); /* as in rdv_waiter_wake: come back */
+                    break;
+                }
+                out[n++] = link;
+            }
+        }
+    }
+    pthread_mutex_unlock(&h->waiter_lock);
+    return n;
+}
+
+struct rdv_msg *rdv_waiter_slab_next(rdv_t *h, uint32_t who, uint32_t *g, uint32_t *first,
+                                     uint32_t *last) {
+    struct rdv_msg *m;
+    for (; *g < h->granules && (m = rdv_arena_next(h, g)); rdv_arena_step(h, g)) {
+        uint64_t len;
+        /* acquire: pairs with the release of WAITERS in add_slab */
+        if (smp_load_acquire(&m->stage) != RDV_MSG_WAITERS || (who && m->owner != who) ||
+            !rdv_block_at(h, m->pos, &len) || len < SLAB_BYTES)
+            continue;
+        uint32_t base = (uint32_t)rdv_pos_granule(m->pos);
+        *first = base + RDV_SLAB_FIRST + 1;
+        *last = base + RDV_SLAB_GRANULES;
+        rdv_arena_step(h, g);
+        return m;
+    }
+    /* then the home slabs: *g counts on past the arena, one per entry */
+    if (*g < h->granules)
+        *g = h->granules;
+    for (; *g < home_granule(h, RDV_MAX_PROCS); *g += RDV_SLAB_GRANULES) {
+        m = header_at(h, *g);
+        uint32_t entry = (*g - h->granules) / RDV_SLAB_GRANULES;
+        /* acquire: as above */
+        if (smp_load_acquire(&m->stage) != RDV_MSG_WAITERS || m->owner != entry + 1 ||
+            (who && who != entry + 1))
+            continue;
+        *first = *g + RDV_SLAB_FIRST + 1;
+        *last = *g + RDV_SLAB_GRANULES;
+        *g += RDV_SLAB_GRANULES;
+        return m;
+    }
+    return NULL;
+}
+
+void rdv_waiter_home_reset(rdv_t *h, uint32_t who) {
+    if (who == 0 || who > RDV_MAX_PROCS)
+        return;
+    struct rdv_msg *m = header_at(h, home_granule(h, who - 1));
+    /* release: our unlinks happen before the slab stops being one */
+    smp_store_release(&m->stage, 0);
+}
