@@ -404,19 +404,21 @@ static struct rdv_waiter *our_waiter(rdv_t *h, uint32_t link) {
     return w;
 }
 
-static int do_recv_wait(rdv_t *h, uint32_t waiter, int64_t timeout_ns, uint32_t flags,
+static int do_recv_wait(rdv_t *h, uint32_t *waiter, int64_t timeout_ns, uint32_t flags,
                         uint32_t *which, struct rdv_msg_info *out) {
-    struct rdv_waiter *l = our_waiter(h, waiter);
+    struct rdv_waiter *l = our_waiter(h, *waiter);
     if (!l)
         return -EINVAL;
-    return after_wait(h, await_decision(h, l, timeout_ns), &waiter, flags, which, out);
+    return after_wait(h, await_decision(h, l, timeout_ns), waiter, flags, which, out);
 }
 
-static int do_recv_cancel(rdv_t *h, uint32_t waiter, uint32_t flags, uint32_t *which,
+static int do_recv_cancel(rdv_t *h, uint32_t *waiter, uint32_t flags, uint32_t *which,
                           struct rdv_msg_info *out) {
-    if (!our_waiter(h, waiter))
+    if (!our_waiter(h, *waiter))
         return -EINVAL;
-    return leave(h, waiter, flags, which, out);
+    uint32_t leader = *waiter;
+    *waiter = 0;
+    return leave(h, leader, flags, which, out);
 }
 
 static int do_recv_poll(rdv_t *h, int64_t timeout_ns, uint32_t *waiters, uint32_t cap, uint32_t *n) {
@@ -427,20 +429,18 @@ static int do_recv_poll(rdv_t *h, int64_t timeout_ns, uint32_t *waiters, uint32_
     for (;;) {
         /* acquire: pairs with the release bump of the bell (rdv_waiter_wake) */
         uint32_t seen = smp_load_acquire(&p->bell);
-        *n = rdv_waiter_handed(h, 0, waiters, cap);
-        if (*n)
+        if (cap == 0 ? rdv_waiter_hinted(h, 0) : (*n = rdv_waiter_handed(h, waiters, cap)) != 0)
             return 0;
         if (rdv_is_aborted(h))
             return -ECONNABORTED;
         int64_t left;
         if (timeout_ns == 0)
             return -ETIMEDOUT;
-        if (rdv_deadline_left(&d, &left) < 0) {
+        if (rdv_deadline_left(&d, &left) < 0)
             /* at the end of a wait, a look at every record: a sender that
-             * died between a hand-off and its hint is found here */
-            *n = rdv_waiter_handed(h, 1, waiters, cap);
-            return *n ? 0 : -ETIMEDOUT;
-        }
+             * died between a hand-off and its hint is found here (and its
+             * slab's hint set for the next look) */
+            return rdv_waiter_hinted(h, 1) ? 0 : -ETIMEDOUT;
         int rc = rdv_wait_change(h, &p->bell, &p->bell_sleepers, seen, &d);
         if (rc == -EINTR)
             return rc;
@@ -452,7 +452,7 @@ static int do_recv_once(rdv_t *h, const char *key, uint32_t key_len, int64_t tim
     uint32_t waiter;
     int rc = do_recv_start(h, key, key_len, timeout_ns, flags, &waiter, out);
     if (waiter && (rc == -ETIMEDOUT || rc == -EINTR)) {
-        int left = leave(h, waiter, flags, NULL, out);
+        int left = do_recv_cancel(h, &waiter, flags, NULL, out);
         if (left != 0)
             return left == 1 ? 0 : left; /* served while leaving: ours */
     }
@@ -575,12 +575,12 @@ int rdv_recv_any_start(rdv_t *h, const char *keys, const uint32_t *key_lens, uin
     RECV_REF(h, do_recv_any_start(h, keys, key_lens, nkeys, timeout_ns, flags, waiter, which, out));
 }
 
-int rdv_recv_wait(rdv_t *h, uint32_t waiter, int64_t timeout_ns, uint32_t flags,
+int rdv_recv_wait(rdv_t *h, uint32_t *waiter, int64_t timeout_ns, uint32_t flags,
                   uint32_t *which, struct rdv_msg_info *out) {
     RECV_REF(h, do_recv_wait(h, waiter, timeout_ns, flags, which, out));
 }
 
-int rdv_recv_cancel(rdv_t *h, uint32_t waiter, uint32_t flags, uint32_t *which,
+int rdv_recv_cancel(rdv_t *h, uint32_t *waiter, uint32_t flags, uint32_t *which,
                     struct rdv_msg_info *out) {
     /* 1: a message, whose payload keeps the reference; 0: none */
     if (rdv_get(h) < 0)

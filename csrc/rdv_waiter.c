@@ -48,8 +48,9 @@ static struct rdv_msg *header_at(const rdv_t *h, uint32_t g) {
 /* A fresh slab of ours: every record free. Called with waiter_lock held.
  * The first is our entry's home slab, the others arena blocks. */
 static int add_slab(rdv_t *h) {
+    /* room for every record of every slab: all of them may be free at once */
     if (grow(&h->slabs, &h->cap_slabs, h->n_slabs + 1) < 0 ||
-        grow(&h->free_waiters, &h->cap_free, h->n_free + PER_SLAB) < 0)
+        grow(&h->free_waiters, &h->cap_free, (h->n_slabs + 1) * PER_SLAB) < 0)
         return -ENOMEM;
     uint32_t g;
     struct rdv_msg *m;
@@ -272,32 +273,63 @@ void rdv_waiter_wake(rdv_t *h, uint32_t link) {
 
 /* ---- looking at our slabs ----------------------------------------------- */
 
-uint32_t rdv_waiter_handed(rdv_t *h, int full, uint32_t *out, uint32_t cap) {
+/* Whether record link is an async leader a send handed a message to. */
+static int async_handed(rdv_t *h, uint32_t link) {
+    struct rdv_waiter *w = rdv_waiter_at(h, link);
+    /* acquire: the state a send decided, after the hint */
+    return w->group == link && (w->flags & RDV_WAITER_ASYNC) &&
+           RDV_WAITER_KIND(smp_load_acquire(&w->state)) == RDV_WAITER_HANDED;
+}
+
+static struct rdv_slab *slab_ctl(rdv_t *h, uint32_t i) {
+    return (struct rdv_slab *)rdv_waiter_at(h, h->slabs[i] + 1);
+}
+
+uint32_t rdv_waiter_handed(rdv_t *h, uint32_t *out, uint32_t cap) {
     uint32_t n = 0;
     pthread_mutex_lock(&h->waiter_lock);
-    for (uint32_t i = 0; i < h->n_slabs; i++) {
-        uint32_t g = h->slabs[i] - 1;
-        struct rdv_slab *slab = (struct rdv_slab *)rdv_waiter_at(h, g + 2);
+    for (uint32_t i = 0; i < h->n_slabs && n < cap; i++) {
+        struct rdv_slab *slab = slab_ctl(h, i);
         /* relaxed first look, then acquire: pairs with the release store of
          * the hint in rdv_waiter_wake */
-        if (!full && (READ_ONCE(slab->handed) == 0 || !rdv_exchange(&slab->handed, 0, __ATOMIC_ACQUIRE)))
+        if (READ_ONCE(slab->handed) == 0 || !rdv_exchange(&slab->handed, 0, __ATOMIC_ACQUIRE))
             continue;
+        uint32_t g = h->slabs[i] - 1;
         for (uint32_t r = RDV_SLAB_FIRST; r < RDV_SLAB_GRANULES; r++) {
-            uint32_t link = g + r + 1;
-            struct rdv_waiter *w = rdv_waiter_at(h, link);
-            /* acquire: the state a send decided, after the hint */
-            if (w->group == link && (w->flags & RDV_WAITER_ASYNC) &&
-                RDV_WAITER_KIND(smp_load_acquire(&w->state)) == RDV_WAITER_HANDED) {
-                if (n == cap) {
-                    smp_store_release(&slab->handed, 1); /* as in rdv_waiter_wake: come back */
-                    break;
-                }
-                out[n++] = link;
+            if (!async_handed(h, g + r + 1))
+                continue;
+            if (n == cap) {
+                smp_store_release(&slab->handed, 1); /* as in rdv_waiter_wake: come back */
+                break;
             }
+            out[n++] = g + r + 1;
         }
     }
     pthread_mutex_unlock(&h->waiter_lock);
     return n;
+}
+
+int rdv_waiter_hinted(rdv_t *h, int full) {
+    int any = 0;
+    pthread_mutex_lock(&h->waiter_lock);
+    for (uint32_t i = 0; i < h->n_slabs; i++) {
+        struct rdv_slab *slab = slab_ctl(h, i);
+        if (READ_ONCE(slab->handed)) { /* relaxed: the taker's exchange pairs with the hint */
+            any = 1;
+            continue;
+        }
+        if (!full)
+            continue;
+        uint32_t g = h->slabs[i] - 1;
+        for (uint32_t r = RDV_SLAB_FIRST; r < RDV_SLAB_GRANULES; r++)
+            if (async_handed(h, g + r + 1)) {
+                smp_store_release(&slab->handed, 1); /* as in rdv_waiter_wake */
+                any = 1;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&h->waiter_lock);
+    return any;
 }
 
 struct rdv_msg *rdv_waiter_slab_next(rdv_t *h, uint32_t who, uint32_t *g, uint32_t *first,

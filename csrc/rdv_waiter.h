@@ -58,8 +58,11 @@ int rdv_waiter_decide(struct rdv_waiter *leader, uint32_t to);
 void rdv_waiter_wake(rdv_t *h, uint32_t link);
 
 /* Our async leader records that were handed a message, into out (up to
- * cap): those in slabs whose hint is set, or in every slab if full. */
-uint32_t rdv_waiter_handed(rdv_t *h, int full, uint32_t *out, uint32_t cap);
+ * cap), from the slabs whose hint is set (the hints are cleared). */
+uint32_t rdv_waiter_handed(rdv_t *h, uint32_t *out, uint32_t cap);
+/* Whether a slab of ours has its hint set; if full, every record is looked
+ * at too, and a slab with a handed async record gets its hint back. */
+int rdv_waiter_hinted(rdv_t *h, int full);
 /* Each slab of entry who - 1 (of every entry if who is 0) in turn, home
  * slabs last: from *g = 0, the next one's header (NULL at the end) and its
  * first and last record links. */

@@ -134,8 +134,10 @@ int rdv_recv_leased(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout
  * out, or a signal came) and, with RDV_RECV_ASYNC, -EINPROGRESS at once.
  * Then rdv_recv_wait waits on (same returns), and rdv_recv_cancel leaves
  * the line: 0 if it did, 1 if a send had already handed us a message,
- * which it takes into *out. Every waiter ends with a 0 from rdv_recv_wait
- * or a return >= 0 from rdv_recv_cancel; -ECONNABORTED ends it too. With
+ * which it takes into *out. Both take the waiter by reference and set it
+ * to 0 once it has ended (a 0 from rdv_recv_wait, any return of
+ * rdv_recv_cancel, -ECONNABORTED), so a caller interrupted at any point
+ * knows whether it is still in line. With
  * RDV_RECV_ASYNC, timeout_ns bounds only the wait for arena room for the
  * waiter record (-ENOSPC after it).
  *
@@ -147,7 +149,8 @@ int rdv_recv_leased(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout
  *
  * rdv_recv_poll waits up to timeout_ns for sends to serve this handle's
  * RDV_RECV_ASYNC waiters and returns up to cap of them (*n); take each
- * with rdv_recv_wait(..., 0, ...). -ETIMEDOUT when none was served,
+ * with rdv_recv_wait(..., 0, ...). With cap 0 it only waits, leaving the
+ * served waiters to the next call. -ETIMEDOUT when none was served,
  * -ECONNABORTED once aborted. A wait that ends looks at every waiter, so a
  * hand-off whose sender died before telling is found within one wait. */
 int rdv_recv_start(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns,
@@ -155,9 +158,9 @@ int rdv_recv_start(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_
 int rdv_recv_any_start(rdv_t *h, const char *keys, const uint32_t *key_lens, uint32_t nkeys,
                        int64_t timeout_ns, uint32_t flags, uint32_t *waiter, uint32_t *which,
                        struct rdv_msg_info *out);
-int rdv_recv_wait(rdv_t *h, uint32_t waiter, int64_t timeout_ns, uint32_t flags,
+int rdv_recv_wait(rdv_t *h, uint32_t *waiter, int64_t timeout_ns, uint32_t flags,
                   uint32_t *which, struct rdv_msg_info *out);
-int rdv_recv_cancel(rdv_t *h, uint32_t waiter, uint32_t flags, uint32_t *which,
+int rdv_recv_cancel(rdv_t *h, uint32_t *waiter, uint32_t flags, uint32_t *which,
                     struct rdv_msg_info *out);
 int rdv_recv_poll(rdv_t *h, int64_t timeout_ns, uint32_t *waiters, uint32_t cap, uint32_t *n);
 /* Make a rdv_recv_poll of this handle in another thread return now. */

@@ -164,35 +164,47 @@ class Completions:
             self._thread.start()
 
     def _take_served(self, timeout_ns: int) -> List[RecvFuture]:
-        """Poll for served waiters and take their messages: the futures finished."""
-        rc = lib.rdv_recv_poll(self._h, timeout_ns, self._refs, _BATCH, self._n)
+        """Wait up to timeout_ns for a send to serve one of our waiters, then
+        take what was served: the futures finished. The taking is under the
+        lock, so a send of ours that finds nothing to take knows the thread
+        has finished what it served."""
+        if timeout_ns:
+            rc = lib.rdv_recv_poll(self._h, timeout_ns, ffi.NULL, 0, self._n)  # waits only
+            if rc < 0 and rc != -errno.ECONNABORTED:
+                return []  # nothing served (or a signal): the caller polls again
         done: List[RecvFuture] = []
-        if rc < 0 and rc != -errno.ECONNABORTED:
-            return done  # nothing served (or a signal): the caller polls again
         with self._lock:
-            if rc == -errno.ECONNABORTED:
-                for fut in list(self._futures.values()):
-                    self._end_locked(fut, rc)
-                    done.append(fut)
-                return done
-            for i in range(self._n[0]):
-                fut = self._futures.get(int(self._refs[i]))
-                if fut is None:
-                    continue  # cancelled meanwhile
-                info = ffi.new("struct rdv_msg_info *")
-                which = ffi.new("uint32_t *")
-                rc = lib.rdv_recv_wait(self._h, fut._waiter, 0, 0, which, info)
-                if rc == -errno.ETIMEDOUT:
-                    continue  # still waiting: its record was reused after a cancel
-                del self._futures[fut._waiter]
-                pending[0] -= 1
-                if rc == 0:
-                    fut._info, fut._which = info, int(which[0])
-                    fut._finish()
-                else:
-                    fut._finish(self._rdv._error(rc, self._what(fut)))
-                done.append(fut)
-        return done
+            while True:
+                rc = lib.rdv_recv_poll(self._h, 0, self._refs, _BATCH, self._n)
+                if rc == -errno.ECONNABORTED:
+                    for fut in list(self._futures.values()):
+                        self._end_locked(fut, rc)
+                        done.append(fut)
+                    return done
+                if rc < 0:
+                    return done
+                for i in range(self._n[0]):
+                    fut = self._futures.get(int(self._refs[i]))
+                    if fut is not None:
+                        self._take_locked(fut, done)
+                if self._n[0] < _BATCH:
+                    return done
+
+    def _take_locked(self, fut: RecvFuture, done: List[RecvFuture]) -> None:
+        info = ffi.new("struct rdv_msg_info *")
+        which = ffi.new("uint32_t *")
+        waiter = ffi.new("uint32_t *", fut._waiter)
+        rc = lib.rdv_recv_wait(self._h, waiter, 0, 0, which, info)
+        if waiter[0]:
+            return  # still waiting: a stale hint
+        del self._futures[fut._waiter]
+        pending[0] -= 1
+        if rc == 0:
+            fut._info, fut._which = info, int(which[0])
+            fut._finish()
+        else:
+            fut._finish(self._rdv._error(rc, self._what(fut)))
+        done.append(fut)
 
     def _what(self, fut: RecvFuture) -> str:
         return "recv_any" if fut._keys is not None else "recv_async"
@@ -201,7 +213,7 @@ class Completions:
         """Withdraw fut's waiter; a message handed over meanwhile is freed,
         since fut fails with rc_if_withdrawn's error (abort, close)."""
         info = ffi.new("struct rdv_msg_info *")
-        rc = lib.rdv_recv_cancel(self._h, fut._waiter, 0, _EMPTY_WHICH, info)
+        rc = lib.rdv_recv_cancel(self._h, ffi.new("uint32_t *", fut._waiter), 0, _EMPTY_WHICH, info)
         if rc == 1:
             lib.rdv_release_payload(self._h, info.payload)
         del self._futures[fut._waiter]
@@ -230,7 +242,7 @@ class Completions:
                 return False
             info = ffi.new("struct rdv_msg_info *")
             which = ffi.new("uint32_t *")
-            rc = lib.rdv_recv_cancel(self._h, fut._waiter, 0, which, info)
+            rc = lib.rdv_recv_cancel(self._h, ffi.new("uint32_t *", fut._waiter), 0, which, info)
             del self._futures[fut._waiter]
             pending[0] -= 1
             if rc == 1:

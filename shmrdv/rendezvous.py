@@ -862,38 +862,43 @@ class Rendezvous:
             h = self._handle()
         info, waiter = _thread_scratch()
         flags = lib.RDV_RECV_LEASED if lease else 0
-        step = _first_step(t)
-        rc = lib.rdv_recv_start(h, kb, len(kb), step, flags, waiter, info)
-        if rc < 0 and waiter[0]:
-            rc = self._wait_in_line(h, int(waiter[0]), t, step, flags, ffi.NULL, info)
+        rc = self._in_line(lambda step: lib.rdv_recv_start(h, kb, len(kb), step, flags, waiter, info), h, waiter, t,
+                           flags, ffi.NULL, info)
         if rc == 0:
             return self._view(info, writable)
         if rc == -errno.EAGAIN and empty_ok:
             return None
         self._fail(rc, f"recv {key!r}")
 
-    def _wait_in_line(self, h: Any, waiter: int, timeout_ns: int, waited: int, flags: int, which: Any,
-                      info: Any) -> int:
-        """Keep waiting in line (the first wait took `waited` ns), in slices,
-        so that signal handlers run (Ctrl-C); leave the line at the deadline.
-        An exception from a handler leaves the line too, putting back a
-        message that was handed over meanwhile."""
-        deadline = None if timeout_ns < 0 else time.monotonic_ns() + max(0, timeout_ns - waited)
-        slice_ns = 2 * _FIRST_SLICE_NS
+    @staticmethod
+    def _in_line(start: Callable[[int], int], h: Any, waiter: Any, timeout_ns: int, flags: int, which: Any,
+                 info: Any) -> int:
+        """Run a receive's start (``start(first_wait_ns)``), then keep its
+        place in line in slices, so that signal handlers run (Ctrl-C), and
+        leave the line at the deadline. The core clears *waiter once the
+        waiter has ended, so an exception from a signal handler, wherever it
+        lands, leaves the line too, putting back a message handed over
+        meanwhile."""
+        waiter[0] = 0
+        step = _first_step(timeout_ns)
         try:
+            rc = start(step)
+            if rc == 0 or not waiter[0]:
+                return rc
+            deadline = None if timeout_ns < 0 else time.monotonic_ns() + max(0, timeout_ns - step)
+            slice_ns = 2 * _FIRST_SLICE_NS
             while True:
                 left = -1 if deadline is None else max(0, deadline - time.monotonic_ns())
                 step = slice_ns if left < 0 or left > slice_ns else left
                 rc = lib.rdv_recv_wait(h, waiter, step, flags, which, info)
-                if rc not in (-errno.ETIMEDOUT, -errno.EINTR):
+                if not waiter[0]:
                     return rc  # served (0), or out of line (abort)
                 if rc == -errno.ETIMEDOUT and step == left:
                     rc = lib.rdv_recv_cancel(h, waiter, flags, which, info)
-                    waiter = 0
                     return 0 if rc == 1 else (-errno.ETIMEDOUT if rc == 0 else rc)
                 slice_ns = min(2 * slice_ns, _MAX_SLICE_NS)
         except BaseException:
-            if waiter and lib.rdv_recv_cancel(h, waiter, flags, which, info) == 1:
+            if waiter[0] and lib.rdv_recv_cancel(h, waiter, flags, which, info) == 1:
                 lib.rdv_give_back(h, info.payload)
             raise
 
@@ -965,10 +970,8 @@ class Rendezvous:
         h = self._handle()
         info, waiter = _thread_scratch()
         which = ffi.new("uint32_t *")
-        step = _first_step(t)
-        rc = lib.rdv_recv_any_start(h, kb, lens, len(names), step, 0, waiter, which, info)
-        if rc < 0 and waiter[0]:
-            rc = self._wait_in_line(h, int(waiter[0]), t, step, 0, which, info)
+        rc = self._in_line(lambda step: lib.rdv_recv_any_start(h, kb, lens, len(names), step, 0, waiter, which, info), h,
+                           waiter, t, 0, which, info)
         if rc < 0:
             self._fail(rc, f"recv_any {names!r}")
         return names[which[0]], self._view(info)

@@ -294,3 +294,42 @@ def forked_child(rdv, inherited_view, queue):
     del message
     queue.put(sorted(p.pid for p in rdv.processes()))
     rdv.close()  # must not unregister the parent
+
+
+def recv_in_line(name, key, queue):
+    """Wait in line on key (blocking recv); report ("got", our pid, the value)."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    queue.put(("ready", os.getpid()))
+    view = rdv.recv(key, timeout=CHILD_TIMEOUT)
+    queue.put(("got", os.getpid(), int(view[0])))
+
+
+def peer_serve(name, script, queue):
+    """The other side of the TensorFlow-style cases: run `script`, a list of
+    (op, key, value) with op "send", "recv" (report the value), "sleep",
+    "abort" (value: the reason) or "wait" (for the parent's go on the queue)."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    for op, key, value in script:
+        if op == "send":
+            rdv.send(key, np.array([value], dtype=np.int64), timeout=CHILD_TIMEOUT)
+        elif op == "recv":
+            try:
+                queue.put(("recv", key, int(rdv.recv(key, timeout=CHILD_TIMEOUT)[0])))
+            except shmrdv.Aborted as error:
+                queue.put(("aborted", key, error.reason))
+        elif op == "sleep":
+            time.sleep(value)
+        elif op == "abort":
+            rdv.abort(value)
+    queue.put(("done", None, None))
+    rdv.close()
+
+
+def send_after_go(name, key, values, go, queue):
+    """Send values to key once `go` (an Event) is set; report "sent"."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    go.wait(CHILD_TIMEOUT)
+    for v in values:
+        rdv.send(key, np.array([v], dtype=np.int64), timeout=CHILD_TIMEOUT)
+    queue.put("sent")
+    rdv.close()
