@@ -31,7 +31,16 @@
  * sends and receives checksummed messages on keys of its own. Everything
  * the parent receives must check out, and once it has drained every key
  * (after rdv_gc) the arena must be empty: the dead churners' blocks,
- * whatever step they died in, reclaimed. */
+ * whatever step they died in, reclaimed.
+ *
+ * Then receivers in line under SIGKILL: WAITERS processes wait on two keys
+ * in every way a receiver can (rdv_recv, rdv_recv_any_start, an async
+ * waiter polled and then taken or cancelled), always leased, report each
+ * number they take down a pipe and release it; the parent sends numbered
+ * messages and kills a waiter at random moments (waiting in line, being
+ * handed a message, taking it), again and again. Every number must be
+ * reported or still queued at the end, and once every waiter is gone no
+ * waiter, key, block or waiter slab may be left. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -68,6 +77,11 @@
 #define CHURN_MAX_WORDS 8192 /* up to 64 KiB payloads */
 #define OWN_KEYS 4          /* the parent's, during the churn */
 #define OWN_MAX_WORDS 2048
+#define WAIT_KILLS 150
+#define WAITERS 3
+#define WAIT_BATCH 20 /* messages sent between kills */
+#define WAIT_KEY_A "/job:stress/task:0;wait-a;0:0"
+#define WAIT_KEY_B "/job:stress/task:0;wait-b;0:0"
 
 static uint64_t rng(uint64_t *s) {
     *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
@@ -605,6 +619,152 @@ static int churn_kill_loop(rdv_t *h, const char *name) {
     return failed;
 }
 
+/* ---- receivers in line under SIGKILL ----------------------------------- */
+
+static void send_number_to(rdv_t *h, const char *key, uint64_t n) {
+    uint64_t words[4] = {n, 3 * n + 1, n, n};
+    int64_t shape[1] = {4}, strides[1] = {8};
+    int rc = rdv_send(h, key, strlen(key), "<u8", 3, 1, shape, strides, words, sizeof words, TIMEOUT_NS);
+    if (rc)
+        die("send", rc);
+}
+
+static void report(rdv_t *h, int out, const struct rdv_msg_info *info, uint64_t *seed) {
+    const uint64_t *w = info->payload;
+    uint64_t n = info->nbytes == 32 && w[1] == 3 * w[0] + 1 ? w[0] : 0;
+    if (write(out, &n, 8) != 8) /* atomic: below PIPE_BUF */
+        _exit(1);
+    if (rng(seed) & 1)
+        usleep(rng(seed) % 300); /* held a while: a kill now sends it back to its key */
+    rdv_release_payload(h, info->payload);
+}
+
+static void wait_in_line(const char *name, int out) {
+    rdv_t *h = attach(name);
+    static const char keys[] = WAIT_KEY_A WAIT_KEY_B;
+    const uint32_t lens[2] = {sizeof WAIT_KEY_A - 1, sizeof WAIT_KEY_B - 1};
+    for (uint64_t seed = (uint64_t)getpid();;) { /* until killed */
+        struct rdv_msg_info info;
+        uint32_t waiter = 0, which, refs[8], n;
+        int rc, way = (int)(rng(&seed) % 3);
+        if (way == 0) {
+            rc = rdv_recv_leased(h, WAIT_KEY_A, lens[0], 50000000, &info);
+        } else if (way == 1) {
+            rc = rdv_recv_any_start(h, keys, lens, 2, 50000000, RDV_RECV_LEASED, &waiter, &which, &info);
+            if (waiter && (rc == -ETIMEDOUT || rc == -EINTR))
+                rc = rdv_recv_cancel(h, &waiter, RDV_RECV_LEASED, &which, &info) == 1 ? 0 : -EAGAIN;
+        } else {
+            const char *key = rng(&seed) & 1 ? WAIT_KEY_A : WAIT_KEY_B;
+            rc = rdv_recv_start(h, key, strlen(key), 0, RDV_RECV_ASYNC | RDV_RECV_LEASED, &waiter, &info);
+            if (rc == -EINPROGRESS) {
+                rdv_recv_poll(h, (int64_t)(rng(&seed) % 20000000), refs, 8, &n);
+                rc = rdv_recv_wait(h, &waiter, 0, RDV_RECV_LEASED, NULL, &info);
+                if (waiter)
+                    rc = rdv_recv_cancel(h, &waiter, RDV_RECV_LEASED, NULL, &info) == 1 ? 0 : -EAGAIN;
+            }
+        }
+        if (rc == 0)
+            report(h, out, &info, &seed);
+        else if (rc != -ETIMEDOUT && rc != -EAGAIN)
+            die("receive in line", rc);
+    }
+}
+
+static pid_t start_waiter(const char *name, int *in) {
+    int p[2];
+    pid_t pid;
+    if (pipe(p) < 0 || (pid = fork()) < 0)
+        die("fork", -errno);
+    if (pid == 0) {
+        alarm(60); /* never hang */
+        close(p[0]);
+        wait_in_line(name, p[1]);
+    }
+    close(p[1]);
+    fcntl(p[0], F_SETFL, O_NONBLOCK);
+    *in = p[0];
+    return pid;
+}
+
+/* Numbers reported so far on pipe in; 1 if one is out of range. */
+static int collect(int in, uint64_t *seen, uint64_t produced) {
+    uint64_t n;
+    int bad = 0;
+    while (read(in, &n, 8) == 8) {
+        bad |= n == 0 || n > produced;
+        if (!bad)
+            seen[n]++;
+    }
+    return bad;
+}
+
+static int waiter_kill_loop(rdv_t *h, const char *name) {
+    static uint64_t seen[WAIT_KILLS * WAIT_BATCH + 1];
+    pid_t pids[WAITERS];
+    int ins[WAITERS], failed = 0;
+    uint64_t produced = 0, seed = 4242;
+    for (int i = 0; i < WAITERS; i++)
+        pids[i] = start_waiter(name, &ins[i]);
+    for (int k = 0; k < WAIT_KILLS && !failed; k++) {
+        for (int i = 0; i < WAIT_BATCH; i++) {
+            ++produced;
+            send_number_to(h, produced & 1 ? WAIT_KEY_A : WAIT_KEY_B, produced);
+            if (rng(&seed) % 4 == 0)
+                usleep(rng(&seed) % 200);
+        }
+        int c = (int)(rng(&seed) % WAITERS);
+        usleep(rng(&seed) % 3000);
+        kill(pids[c], SIGKILL);
+        int status;
+        waitpid(pids[c], &status, 0);
+        failed |= !WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL;
+        failed |= collect(ins[c], seen, produced);
+        close(ins[c]);
+        pids[c] = start_waiter(name, &ins[c]);
+        for (int i = 0; i < WAITERS; i++)
+            if (i != c)
+                failed |= collect(ins[i], seen, produced);
+    }
+    usleep(200000); /* the last batch taken, mostly */
+    for (int i = 0; i < WAITERS; i++) {
+        kill(pids[i], SIGKILL);
+        int status;
+        waitpid(pids[i], &status, 0);
+        failed |= collect(ins[i], seen, produced);
+        close(ins[i]);
+    }
+    rdv_gc(h, NULL);
+    uint64_t queued = 0, again = 0;
+    struct rdv_msg_info info;
+    for (int k = 0; k < 2; k++) {
+        const char *key = k ? WAIT_KEY_B : WAIT_KEY_A;
+        while (rdv_recv(h, key, strlen(key), 0, &info) == 0) {
+            uint64_t n = *(const uint64_t *)info.payload;
+            rdv_release_payload(h, info.payload);
+            failed |= n == 0 || n > produced;
+            if (n && n <= produced)
+                seen[n]++;
+            queued++;
+        }
+    }
+    uint64_t lost = 0;
+    for (uint64_t n = 1; n <= produced; n++) {
+        lost += seen[n] == 0;
+        again += seen[n] > 1;
+    }
+    struct rdv_stats st;
+    rdv_stats(h, &st);
+    printf("stress: waiters: %d kills, %llu messages, %llu still queued, %llu taken again, %llu lost; "
+           "waiters %llu, keys %llu, bytes used %llu, waiter bytes %llu\n",
+           WAIT_KILLS, (unsigned long long)produced, (unsigned long long)queued,
+           (unsigned long long)again, (unsigned long long)lost, (unsigned long long)st.waiters,
+           (unsigned long long)st.keys, (unsigned long long)st.bytes_used,
+           (unsigned long long)st.waiter_bytes);
+    failed |= lost != 0 || again > WAIT_KILLS + WAITERS;
+    failed |= st.waiters != 0 || st.keys != 0 || st.bytes_used != 0 || st.waiter_bytes != 0;
+    return failed;
+}
+
 int main(void) {
     char name[64];
     snprintf(name, sizeof name, "/shmrdv-t-cstress-%d", getpid());
@@ -651,6 +811,7 @@ int main(void) {
     failed |= marked_kill_loop(h, name);
     failed |= leased_kill_loop(h, name);
     failed |= churn_kill_loop(h, name);
+    failed |= waiter_kill_loop(h, name);
     rdv_stats(h, &st);
     rdv_close(h);
     shm_unlink(name);
