@@ -39,7 +39,7 @@ def segment_bytes(arena: int) -> int:
     while slots < 2 * max_keys:
         slots *= 2
     up = lambda n: -(-n // PAGE) * PAGE  # noqa: E731
-    return 2 * PAGE + 128 * 256 + up(slots * 64) + up(arena // 64 * 4) + arena
+    return 2 * PAGE + 128 * 256 + up(slots * 64) + up(arena // 64 * 4) + arena + 128 * PAGE  # home slabs last
 
 
 def bare_segment(path: str, nbytes: int) -> float:

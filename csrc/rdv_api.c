@@ -269,23 +269,36 @@ static int do_recv_start(rdv_t *h, const char *key, uint32_t key_len, int64_t ti
     if (rdv_is_aborted(h))
         return -ECONNABORTED;
     int async = (flags & RDV_RECV_ASYNC) != 0;
-    int rc = try_pop(h, key, key_len, flags, out); /* no record needed when a message is there */
-    if (rc != -EAGAIN || (timeout_ns == 0 && !async))
+    uint32_t link = 0, idx;
+    int rc = rdv_index_acquire(h, key, key_len, timeout_ns != 0 || async, &idx);
+    if (rc == -ENOENT)
+        return -EAGAIN;
+    if (rc < 0)
         return rc;
-    uint32_t link, idx;
-    int got;
-    struct { const char *key; uint32_t len; } k = {key, key_len};
-    rc = alloc_waiters(h, 1, &link, async ? timeout_ns : -1, try_pop_key, &k, flags, out, &got);
-    if (rc < 0 || got)
-        return rc;
-    rc = rdv_index_acquire(h, key, key_len, 1, &idx);
-    if (rc < 0) {
-        rdv_waiter_free(h, 1, &link);
-        return rc;
-    }
-    if (h->kslots[idx].count) {
-        rdv_waiter_free(h, 1, &link);
-        return pop_locked(h, idx, key, key_len, flags, out);
+    if (h->kslots[idx].count)
+        return pop_locked(h, idx, key, key_len, flags, out); /* no record needed */
+    if ((timeout_ns == 0 && !async) || !rdv_waiter_alloc_cached(h, &link)) {
+        rdv_index_maybe_delete(h, idx);
+        rdv_index_release(h, idx);
+        if (timeout_ns == 0 && !async)
+            return -EAGAIN;
+        /* No record at hand: allocate one with no lock held (a slab may be
+         * needed, or room for one), then look again. */
+        int got;
+        struct { const char *key; uint32_t len; } k = {key, key_len};
+        rc = alloc_waiters(h, 1, &link, async ? timeout_ns : -1, try_pop_key, &k, flags, out, &got);
+        if (rc < 0 || got)
+            return rc;
+        rc = rdv_index_acquire(h, key, key_len, 1, &idx);
+        if (rc < 0) {
+            rdv_waiter_free(h, 1, &link);
+            return rc;
+        }
+        if (h->kslots[idx].count) {
+            rc = pop_locked(h, idx, key, key_len, flags, out);
+            rdv_waiter_free(h, 1, &link); /* after the unlock: it may wait for our pool's lock */
+            return rc;
+        }
     }
     struct rdv_waiter *w = rdv_waiter_at(h, link);
     w->flags = async ? RDV_WAITER_ASYNC : 0;
@@ -442,8 +455,9 @@ static int do_recv_poll(rdv_t *h, int64_t timeout_ns, uint32_t *waiters, uint32_
              * slab's hint set for the next look) */
             return rdv_waiter_hinted(h, 1) ? 0 : -ETIMEDOUT;
         int rc = rdv_wait_change(h, &p->bell, &p->bell_sleepers, seen, &d);
-        if (rc == -EINTR)
-            return rc;
+        /* relaxed: the bell rung and nothing served is rdv_recv_interrupt */
+        if (rc == -EINTR || (READ_ONCE(p->bell) != seen && !rdv_waiter_hinted(h, 0) && !rdv_is_aborted(h)))
+            return -EINTR;
     }
 }
 

@@ -113,27 +113,44 @@ int rdv_waiter_ours(rdv_t *h, uint32_t link) {
     return ours;
 }
 
+/* Hand out n free records (there are), initialised. waiter_lock held. */
+static void take_free(rdv_t *h, uint32_t n, uint32_t *links) {
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t link = h->free_waiters[--h->n_free];
+        struct rdv_waiter *w = rdv_waiter_at(h, link);
+        w->group = link;
+        w->next = w->prev = w->slot = 0;
+        w->flags = 0;
+        w->won = w->key_index = w->sibling = 0;
+        w->sleeping = 0;
+        /* relaxed: nobody else reaches the record until it is linked
+         * (under a slot lock, which publishes it) */
+        WRITE_ONCE(w->state, RDV_WAITER_WAITING);
+        links[i] = link;
+    }
+}
+
 int rdv_waiter_alloc(rdv_t *h, uint32_t n, uint32_t *links) {
     pthread_mutex_lock(&h->waiter_lock);
     int rc = 0;
     while (rc == 0 && h->n_free < n)
         rc = add_slab(h);
     if (rc == 0)
-        for (uint32_t i = 0; i < n; i++) {
-            uint32_t link = h->free_waiters[--h->n_free];
-            struct rdv_waiter *w = rdv_waiter_at(h, link);
-            w->group = link;
-            w->next = w->prev = w->slot = 0;
-            w->flags = 0;
-            w->won = w->key_index = w->sibling = 0;
-            w->sleeping = 0;
-            /* relaxed: nobody else reaches the record until it is linked
-             * (under a slot lock, which publishes it) */
-            WRITE_ONCE(w->state, RDV_WAITER_WAITING);
-            links[i] = link;
-        }
+        take_free(h, n, links);
     pthread_mutex_unlock(&h->waiter_lock);
     return rc;
+}
+
+int rdv_waiter_alloc_cached(rdv_t *h, uint32_t *link) {
+    /* trylock: a thread of ours holding it may be in add_slab, waiting on
+     * the arena's lock, whose dead holder's repair takes slot locks */
+    if (pthread_mutex_trylock(&h->waiter_lock) != 0)
+        return 0;
+    int got = h->n_free > 0;
+    if (got)
+        take_free(h, 1, link);
+    pthread_mutex_unlock(&h->waiter_lock);
+    return got;
 }
 
 void rdv_waiter_free(rdv_t *h, uint32_t n, const uint32_t *links) {

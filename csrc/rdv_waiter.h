@@ -32,6 +32,9 @@ int rdv_waiter_alloc(rdv_t *h, uint32_t n, uint32_t *links);
 void rdv_waiter_home_reset(rdv_t *h, uint32_t who);
 /* Give records back to our pool (they must be linked nowhere). */
 void rdv_waiter_free(rdv_t *h, uint32_t n, const uint32_t *links);
+/* One record if our pool has one free at hand (1), without allocating a
+ * slab or waiting for the pool's lock: safe under a slot lock. */
+int rdv_waiter_alloc_cached(rdv_t *h, uint32_t *link);
 /* Whether link is a record in one of our slabs. */
 int rdv_waiter_ours(rdv_t *h, uint32_t link);
 /* Forget the pool, once our slabs are freed (the handle's last reference). */

@@ -163,7 +163,8 @@ int rdv_recv_wait(rdv_t *h, uint32_t *waiter, int64_t timeout_ns, uint32_t flags
 int rdv_recv_cancel(rdv_t *h, uint32_t *waiter, uint32_t flags, uint32_t *which,
                     struct rdv_msg_info *out);
 int rdv_recv_poll(rdv_t *h, int64_t timeout_ns, uint32_t *waiters, uint32_t cap, uint32_t *n);
-/* Make a rdv_recv_poll of this handle in another thread return now. */
+/* Make a rdv_recv_poll of this handle in another thread return now
+ * (-EINTR, unless something was served meanwhile). */
 int rdv_recv_interrupt(rdv_t *h);
 /* Put a received payload back at the head of its key's queue (or hand it
  * to the key's oldest waiter) instead of freeing it: for a receiver that

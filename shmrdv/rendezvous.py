@@ -862,8 +862,14 @@ class Rendezvous:
             h = self._handle()
         info, waiter = _thread_scratch()
         flags = lib.RDV_RECV_LEASED if lease else 0
-        rc = self._in_line(lambda step: lib.rdv_recv_start(h, kb, len(kb), step, flags, waiter, info), h, waiter, t,
-                           flags, ffi.NULL, info)
+        step = _first_step(t)
+        try:
+            rc = lib.rdv_recv_start(h, kb, len(kb), step, flags, waiter, info)
+            if rc < 0 and waiter[0]:  # still in line: keep our place
+                rc = self._in_line(None, h, waiter, t, flags, ffi.NULL, info, step)
+        except BaseException:  # a signal handler's (Ctrl-C) between the calls: leave the line
+            self._leave_line(h, waiter, flags, ffi.NULL, info)
+            raise
         if rc == 0:
             return self._view(info, writable)
         if rc == -errno.EAGAIN and empty_ok:
@@ -871,20 +877,22 @@ class Rendezvous:
         self._fail(rc, f"recv {key!r}")
 
     @staticmethod
-    def _in_line(start: Callable[[int], int], h: Any, waiter: Any, timeout_ns: int, flags: int, which: Any,
-                 info: Any) -> int:
-        """Run a receive's start (``start(first_wait_ns)``), then keep its
-        place in line in slices, so that signal handlers run (Ctrl-C), and
-        leave the line at the deadline. The core clears *waiter once the
-        waiter has ended, so an exception from a signal handler, wherever it
-        lands, leaves the line too, putting back a message handed over
-        meanwhile."""
-        waiter[0] = 0
-        step = _first_step(timeout_ns)
+    def _in_line(start: Optional[Callable[[int], int]], h: Any, waiter: Any, timeout_ns: int, flags: int, which: Any,
+                 info: Any, waited: int = 0) -> int:
+        """Run a receive's start (``start(first_wait_ns)``), unless the caller
+        did (it waited ``waited`` ns), then keep its place in line in slices,
+        so that signal handlers run (Ctrl-C), and leave the line at the
+        deadline. The core clears *waiter once the waiter has ended, so an
+        exception from a signal handler, wherever it lands, leaves the line
+        too, putting back a message handed over meanwhile."""
+        step = waited
         try:
-            rc = start(step)
-            if rc == 0 or not waiter[0]:
-                return rc
+            if start is not None:
+                waiter[0] = 0
+                step = _first_step(timeout_ns)
+                rc = start(step)
+                if rc == 0 or not waiter[0]:
+                    return rc
             deadline = None if timeout_ns < 0 else time.monotonic_ns() + max(0, timeout_ns - step)
             slice_ns = 2 * _FIRST_SLICE_NS
             while True:
@@ -898,9 +906,14 @@ class Rendezvous:
                     return 0 if rc == 1 else (-errno.ETIMEDOUT if rc == 0 else rc)
                 slice_ns = min(2 * slice_ns, _MAX_SLICE_NS)
         except BaseException:
-            if waiter[0] and lib.rdv_recv_cancel(h, waiter, flags, which, info) == 1:
-                lib.rdv_give_back(h, info.payload)
+            Rendezvous._leave_line(h, waiter, flags, which, info)
             raise
+
+    @staticmethod
+    def _leave_line(h: Any, waiter: Any, flags: int, which: Any, info: Any) -> None:
+        """Leave the line if still in it, putting back a message handed over meanwhile."""
+        if waiter[0] and lib.rdv_recv_cancel(h, waiter, flags, which, info) == 1:
+            lib.rdv_give_back(h, info.payload)
 
     def recv(self, key: str, *, timeout: Optional[float] = None, lease: bool = False, writable: bool = False) -> np.ndarray:
         """Take the oldest message under ``key``, waiting for one if none is
