@@ -172,10 +172,15 @@ static int alloc_waiters(rdv_t *h, uint32_t n, uint32_t *links, int64_t timeout_
 static void end_group(rdv_t *h, uint32_t leader) {
     uint32_t links[RDV_ANY_MAX];
     uint32_t n = 0;
+    uint32_t l_won = rdv_waiter_at(h, leader)->won; /* 0 unless a send decided the group */
     for (uint32_t link = leader; link && n < RDV_ANY_MAX;) {
         struct rdv_waiter *w = rdv_waiter_at(h, link);
         links[n++] = link;
-        /* relaxed: a first look; re-checked under the slot's lock */
+        /* The record a send handed through is unlinked by that send, a few
+         * stores after the hand-off: wait for that rather than its lock.
+         * relaxed: a first look; re-checked under the slot's lock */
+        for (int spins = 0; link == l_won && READ_ONCE(w->slot) && spins < RDV_HAND_OFF_SPINS; spins++)
+            rdv_cpu_relax();
         uint32_t idx = READ_ONCE(w->slot) - 1;
         if (READ_ONCE(w->slot) && idx <= h->slot_mask) {
             rdv_lock(h, &h->kslots[idx].lock);

@@ -205,6 +205,10 @@ int rdv_queue_take(rdv_t *h, uint32_t granule, int leased, struct rdv_msg_info *
     if (!m || m->key_len == 0 || m->key_len > RDV_KEY_MAX || m->ndim > RDV_NDIM_MAX ||
         sizeof *m + 16ull * m->ndim + m->key_len > len)
         return -EBADMSG;
+    /* The sender stores DELIVERED a few stores after deciding us: a short
+     * spin sees it without touching the key's lock */
+    for (int spins = 0; spins < RDV_HAND_OFF_SPINS && !handed_to_me(h, m); spins++)
+        rdv_cpu_relax();
     if (!handed_to_me(h, m)) {
         /* Its sender is still at it, or died at it: its slot's lock waits
          * for the one and repairs after the other (finishing the hand-off). */

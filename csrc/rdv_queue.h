@@ -8,6 +8,10 @@
 
 #include "rdv_handle.h"
 
+/* How long a receiver spins for the rest of a hand-off (its sender's last
+ * few stores) before it waits on the key's lock instead. */
+#define RDV_HAND_OFF_SPINS 512
+
 /* Metadata bytes before a payload; keeps room for the u64 position copy. */
 uint64_t rdv_meta_bytes(uint32_t ndim, uint32_t key_len);
 /* The key bytes a message block carries (its header checked by the caller). */

@@ -860,9 +860,10 @@ class Rendezvous:
         h = self._h
         if h is None:
             h = self._handle()
-        info, waiter = _thread_scratch()
+        scratch = getattr(_per_thread, "scratch", None)
+        info, waiter = scratch if scratch is not None else _thread_scratch()
         flags = lib.RDV_RECV_LEASED if lease else 0
-        step = _first_step(t)
+        step = t if 0 <= t <= _FIRST_SLICE_NS else _FIRST_SLICE_NS  # _first_step, inline: the hot path
         try:
             rc = lib.rdv_recv_start(h, kb, len(kb), step, flags, waiter, info)
             if rc < 0 and waiter[0]:  # still in line: keep our place
