@@ -252,7 +252,8 @@ def soak_check(view) -> tuple[int, bool]:
 
 
 def soak_worker(name, incarnation, n_keys, log_path, stop_path, seed):
-    """Random send/alloc/recv on n_keys keys until the stop file appears; log what completed."""
+    """Random send/alloc and receives (recv, recv_any, recv_async) on n_keys keys until the stop
+    file appears; log what completed."""
     import struct
 
     rdv = shmrdv.Rendezvous(name, create=False)
@@ -261,7 +262,8 @@ def soak_worker(name, incarnation, n_keys, log_path, stop_path, seed):
     pick = random.Random(seed)
     seq = 0
     while not os.path.exists(stop_path):
-        key = f"soak-{pick.randrange(n_keys)}"
+        k = pick.randrange(n_keys)
+        key = f"soak-{k}"
         op = pick.random()
         message_id = incarnation << 32 | seq
         n_words = pick.choice((4, 16, 300, 5000))
@@ -272,7 +274,19 @@ def soak_worker(name, incarnation, n_keys, log_path, stop_path, seed):
                 with rdv.alloc(key, (n_words,), np.uint64, timeout=0.5) as buf:
                     buf[...] = soak_message(message_id, n_words, rng)
             else:
-                view = rdv.recv(key, timeout=0.02)
+                if op < 0.6:  # first come, first served on two keys at once
+                    other = f"soak-{(k + 1 + pick.randrange(max(1, n_keys - 1))) % n_keys}"
+                    _, view = rdv.recv_any([key, other] if other != key else [key], timeout=0.02)
+                elif op < 0.75:  # in line in the background, then taken or withdrawn
+                    fut = rdv.recv_async(key)
+                    try:
+                        view = fut.result(timeout=0.02)
+                    except TimeoutError:
+                        if fut.cancel():
+                            continue
+                        view = fut.result()  # handed over before the cancel: ours
+                else:
+                    view = rdv.recv(key, timeout=0.02)
                 got, intact = soak_check(view)
                 del view
                 os.write(log, struct.pack(SOAK_RECORD, SOAK_RECEIVED if intact else SOAK_CORRUPT, got, 0))
@@ -306,8 +320,8 @@ def recv_in_line(name, key, queue):
 
 def peer_serve(name, script, queue):
     """The other side of the TensorFlow-style cases: run `script`, a list of
-    (op, key, value) with op "send", "recv" (report the value), "sleep",
-    "abort" (value: the reason) or "wait" (for the parent's go on the queue)."""
+    (op, key, value) with op "send", "recv" (report the value), "sleep" or
+    "abort" (value: the reason)."""
     rdv = shmrdv.Rendezvous(name, create=False)
     for op, key, value in script:
         if op == "send":
