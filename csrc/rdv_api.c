@@ -153,17 +153,17 @@ static int alloc_waiters(rdv_t *h, uint32_t n, uint32_t *links, int64_t timeout_
         if (rc != -ENOSPC)
             return rc;
         if (try && (rc = try(h, arg, flags, out)) != -EAGAIN) {
-            *got = rc == 0;
+            *got = rc >= 0; /* 0, or a recv_any's which + 1 */
             return rc;
         }
         if (rdv_is_aborted(h))
             return -ECONNABORTED;
         int64_t left;
         if (rdv_deadline_left(&d, &left) < 0)
-            return -ENOSPC;
+            return -ETIMEDOUT;
         rc = rdv_wait_change(h, &ka->space_seq, &ka->space_sleepers, seen, &d);
         if (rc < 0)
-            return rc == -ETIMEDOUT ? -ENOSPC : rc;
+            return rc;
     }
 }
 
@@ -175,14 +175,18 @@ static void end_group(rdv_t *h, uint32_t leader) {
     uint32_t l_won = rdv_waiter_at(h, leader)->won; /* 0 unless a send decided the group */
     for (uint32_t link = leader; link && n < RDV_ANY_MAX;) {
         struct rdv_waiter *w = rdv_waiter_at(h, link);
+        if (!w || !rdv_waiter_ours(h, link))
+            break; /* damage: the rest of the group is not ours to free */
         links[n++] = link;
         /* The record a send handed through is unlinked by that send, a few
          * stores after the hand-off: wait for that rather than its lock.
          * relaxed: a first look; re-checked under the slot's lock */
         for (int spins = 0; link == l_won && READ_ONCE(w->slot) && spins < RDV_HAND_OFF_SPINS; spins++)
             rdv_cpu_relax();
-        uint32_t idx = READ_ONCE(w->slot) - 1;
-        if (READ_ONCE(w->slot) && idx <= h->slot_mask) {
+        /* acquire: pairs with the release of 0 in rdv_waiter_unlink: the
+         * unlinker is done with the record before we free it */
+        uint32_t slot = smp_load_acquire(&w->slot), idx = slot - 1;
+        if (slot && idx <= h->slot_mask) {
             rdv_lock(h, &h->kslots[idx].lock);
             rdv_waiter_unlink(h, idx, link);
             rdv_index_maybe_delete(h, idx);
@@ -198,6 +202,7 @@ static void end_group(rdv_t *h, uint32_t leader) {
 static int await_decision(rdv_t *h, struct rdv_waiter *l, int64_t timeout_ns) {
     struct rdv_deadline d;
     rdv_deadline_init(&d, timeout_ns);
+    int64_t next_reclaim_ns = rdv_now_ns() + RDV_RECLAIM_EVERY_NS;
     for (;;) {
         /* acquire: pairs with the send's CAS (rdv_waiter_decide) */
         if (smp_load_acquire(&l->state) != RDV_WAITER_WAITING)
@@ -207,7 +212,20 @@ static int await_decision(rdv_t *h, struct rdv_waiter *l, int64_t timeout_ns) {
         int64_t left;
         if (timeout_ns == 0 || rdv_deadline_left(&d, &left) < 0)
             return -ETIMEDOUT;
-        int rc = rdv_wait_change(h, &l->state, &l->sleeping, RDV_WAITER_WAITING, &d);
+        /* A waiter ahead of us in line that died takes the messages handed
+         * to it with it until it is reclaimed (they then come back to the
+         * head of the key, for us): after a while of waiting, look for the
+         * dead, as a producer waiting for space does. */
+        int64_t now = rdv_now_ns();
+        if (now >= next_reclaim_ns) {
+            rdv_recover_dead(h, NULL);
+            next_reclaim_ns = rdv_now_ns() + RDV_RECLAIM_EVERY_NS;
+            continue;
+        }
+        struct rdv_deadline step = d;
+        if (d.forever || d.at_ns > next_reclaim_ns)
+            step = (struct rdv_deadline){.forever = 0, .at_ns = next_reclaim_ns};
+        int rc = rdv_wait_change(h, &l->state, &l->sleeping, RDV_WAITER_WAITING, &step);
         if (rc == -EINTR)
             return smp_load_acquire(&l->state) != RDV_WAITER_WAITING ? 0 : -EINTR; /* as above */
     }
@@ -291,7 +309,9 @@ static int do_recv_start(rdv_t *h, const char *key, uint32_t key_len, int64_t ti
          * needed, or room for one), then look again. */
         int got;
         struct { const char *key; uint32_t len; } k = {key, key_len};
-        rc = alloc_waiters(h, 1, &link, async ? timeout_ns : -1, try_pop_key, &k, flags, out, &got);
+        rc = alloc_waiters(h, 1, &link, timeout_ns, try_pop_key, &k, flags, out, &got);
+        if (rc == -ETIMEDOUT && async)
+            rc = -ENOBUFS; /* an async start waits for no room */
         if (rc < 0 || got)
             return rc;
         rc = rdv_index_acquire(h, key, key_len, 1, &idx);
@@ -365,7 +385,9 @@ static int do_recv_any_start(rdv_t *h, const char *keys, const uint32_t *key_len
         return rc;
     uint32_t links[RDV_ANY_MAX];
     int got;
-    rc = alloc_waiters(h, nkeys, links, async ? timeout_ns : -1, try_pop_any, &k, flags, out, &got);
+    rc = alloc_waiters(h, nkeys, links, timeout_ns, try_pop_any, &k, flags, out, &got);
+    if (rc == -ETIMEDOUT && async)
+        rc = -ENOBUFS;
     if (got) {
         *which = (uint32_t)rc - 1;
         return 0;
@@ -454,14 +476,23 @@ static int do_recv_poll(rdv_t *h, int64_t timeout_ns, uint32_t *waiters, uint32_
         int64_t left;
         if (timeout_ns == 0)
             return -ETIMEDOUT;
-        if (rdv_deadline_left(&d, &left) < 0)
-            /* at the end of a wait, a look at every record: a sender that
-             * died between a hand-off and its hint is found here (and its
-             * slab's hint set for the next look) */
+        if (rdv_deadline_left(&d, &left) < 0) {
+            /* At the end of a wait: the dead reclaimed (a dead waiter ahead
+             * of ours holds messages until then, see await_decision), then a
+             * look at every record: a sender that died between a hand-off
+             * and its hint is found here (and its slab's hint set for the
+             * next look). */
+            rdv_recover_dead(h, NULL);
             return rdv_waiter_hinted(h, 1) ? 0 : -ETIMEDOUT;
+        }
         int rc = rdv_wait_change(h, &p->bell, &p->bell_sleepers, seen, &d);
-        /* relaxed: the bell rung and nothing served is rdv_recv_interrupt */
-        if (rc == -EINTR || (READ_ONCE(p->bell) != seen && !rdv_waiter_hinted(h, 0) && !rdv_is_aborted(h)))
+        if (rc == -EINTR)
+            return rc;
+        /* relaxed: a bell rung with no hint set is rdv_recv_interrupt, or a
+         * reclaimer's wake after a sender died mid-hand-off: a look at
+         * every record tells them apart */
+        if (READ_ONCE(p->bell) != seen && !rdv_waiter_hinted(h, 0) && !rdv_waiter_hinted(h, 1) &&
+            !rdv_is_aborted(h))
             return -EINTR;
     }
 }

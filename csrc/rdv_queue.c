@@ -76,14 +76,13 @@ int rdv_queue_link(rdv_t *h, uint64_t pos) {
     s->q_tail = g;
     s->count++;
     m->owner = 0;
-    uint32_t woken = 0;
+    struct rdv_wake wk = {0};
     if (s->w_head) {
-        rdv_queue_serve(h, idx, &woken);
+        rdv_queue_serve(h, idx, &wk);
         rdv_index_maybe_delete(h, idx); /* handed over: the key may hold nothing now */
     }
     rdv_index_release(h, idx);
-    if (woken) /* after the unlock: a receiver that preempts us finds the lock free */
-        rdv_waiter_wake(h, woken);
+    rdv_waiter_wake_now(&wk); /* after the unlock: a receiver that preempts us finds the lock free */
     return 0;
 }
 
@@ -99,14 +98,16 @@ static void finish_hand_off(struct rdv_msg *m, struct rdv_waiter *leader, uint32
     smp_store_release(&m->stage, RDV_MSG_DELIVERED);
 }
 
-static uint32_t hand_head(rdv_t *h, uint32_t idx) {
+/* Hand the queue's head message to the oldest waiter still waiting: 1 and
+ * its wake prepared in *wk, or 0 if none is left. */
+static int hand_head(rdv_t *h, uint32_t idx, struct rdv_wake *wk) {
     struct rdv_slot *s = &h->kslots[idx];
     uint64_t len;
     struct rdv_msg *m = rdv_queued_msg(h, s->q_head, &len);
     if (!m)
         return 0;
     uint32_t g = s->q_head;
-    for (uint64_t tries = 0; s->w_head && tries < h->granules; tries++) {
+    for (uint64_t tries = 0; s->w_head && tries < rdv_waiter_walk_max(h); tries++) {
         uint32_t w_link = s->w_head;
         struct rdv_waiter *w = rdv_waiter_at(h, w_link);
         if (!w) {
@@ -125,22 +126,23 @@ static uint32_t hand_head(rdv_t *h, uint32_t idx) {
         if (s->q_head == 0)
             s->q_tail = 0;
         s->count--;
+        rdv_waiter_wake_prepare(h, l_link, wk); /* while linked: its owner cannot free it yet */
         rdv_waiter_unlink(h, idx, w_link);
-        return l_link;
+        return 1;
     }
     return 0;
 }
 
-void rdv_queue_serve(rdv_t *h, uint32_t idx, uint32_t *woken) {
+void rdv_queue_serve(rdv_t *h, uint32_t idx, struct rdv_wake *later) {
     struct rdv_slot *s = &h->kslots[idx];
     for (uint64_t n = 0; s->q_head && s->w_head && n < h->granules; n++) {
-        uint32_t link = hand_head(h, idx);
-        if (!link)
+        struct rdv_wake wk;
+        if (!hand_head(h, idx, &wk))
             break;
-        if (woken && !*woken)
-            *woken = link; /* the caller wakes it after its unlock */
+        if (later && !later->word)
+            *later = wk; /* the caller wakes it after its unlock */
         else
-            rdv_waiter_wake(h, link); /* under the lock: a death leaves it to the repair */
+            rdv_waiter_wake_now(&wk); /* under the lock: a death leaves it to the repair */
     }
 }
 
@@ -255,14 +257,13 @@ int rdv_queue_give_back(rdv_t *h, uint64_t pos) {
         s->q_tail = g;
     s->count++;
     rdv_queue_requeue(m);
-    uint32_t woken = 0;
+    struct rdv_wake wk = {0};
     if (s->w_head) {
-        rdv_queue_serve(h, idx, &woken);
+        rdv_queue_serve(h, idx, &wk);
         rdv_index_maybe_delete(h, idx); /* handed over: the key may hold nothing now */
     }
     rdv_index_release(h, idx);
-    if (woken)
-        rdv_waiter_wake(h, woken);
+    rdv_waiter_wake_now(&wk);
     return 0;
 }
 
@@ -302,7 +303,7 @@ static void rebuild_append(uint32_t g, struct rdv_msg *m, uint32_t *head, struct
 static void finish_decided(rdv_t *h, uint32_t idx) {
     struct rdv_slot *s = &h->kslots[idx];
     uint32_t link = s->w_head;
-    for (uint32_t steps = 0; link && steps < h->granules; steps++) {
+    for (uint64_t steps = 0; link && steps < rdv_waiter_walk_max(h); steps++) {
         struct rdv_waiter *w = rdv_waiter_at(h, link);
         if (!w)
             return;
@@ -391,11 +392,13 @@ static uint32_t take_all(rdv_t *h, struct rdv_slot *s) {
  * lock, so that our death leaves the wakes to whoever repairs the slot. */
 static void wake_waiters(rdv_t *h, struct rdv_slot *s) {
     uint32_t link = s->w_head;
-    for (uint32_t steps = 0; link && steps < h->granules; steps++) {
+    for (uint64_t steps = 0; link && steps < rdv_waiter_walk_max(h); steps++) {
         struct rdv_waiter *w = rdv_waiter_at(h, link);
         if (!w)
             return;
-        rdv_waiter_wake(h, rdv_waiter_at(h, w->group) ? w->group : link);
+        struct rdv_wake wk; /* linked: safe to prepare, and woken under the lock */
+        rdv_waiter_wake_prepare(h, rdv_waiter_at(h, w->group) ? w->group : link, &wk);
+        rdv_waiter_wake_now(&wk);
         link = w->next;
     }
 }

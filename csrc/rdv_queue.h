@@ -41,10 +41,11 @@ int rdv_queue_link(rdv_t *h, uint64_t pos);
 int rdv_queue_pop(rdv_t *h, struct rdv_slot *s, const char *key, uint32_t key_len, int leased,
                   struct rdv_msg_info *out);
 /* With slot idx locked: hand its queued messages to its waiters, oldest to
- * oldest, while it has both. The first receiver handed one is left in
- * *woken for the caller to wake after its unlock; the others (and all of
- * them when woken is NULL) are woken under the lock. */
-void rdv_queue_serve(rdv_t *h, uint32_t idx, uint32_t *woken);
+ * oldest, while it has both. The wake of the first receiver handed one is
+ * left in *later (zeroed by the caller) to make after the unlock; the
+ * others (all of them when later is NULL) are woken under the lock. */
+struct rdv_wake;
+void rdv_queue_serve(rdv_t *h, uint32_t idx, struct rdv_wake *later);
 /* Take the message a send handed us (at granule, from our leader's state):
  * describe it into out and make it our view (leased: it goes back to its
  * key if we die holding it). -EBADMSG if no such hand-off is there. */

@@ -69,8 +69,10 @@ static void reclaim_waiters(rdv_t *h, uint32_t dead) {
     while (rdv_waiter_slab_next(h, who, &g, &first, &last))
         for (uint32_t link = first; link <= last; link++) {
             struct rdv_waiter *w = rdv_waiter_at(h, link);
-            uint32_t idx = READ_ONCE(w->slot) - 1; /* relaxed: changes only under that slot's lock */
-            if (READ_ONCE(w->slot) == 0 || idx > h->slot_mask)
+            /* acquire: pairs with the release of 0 in rdv_waiter_unlink, so
+             * a hand-off that unlinked it is seen whole by the lease step */
+            uint32_t slot = smp_load_acquire(&w->slot), idx = slot - 1;
+            if (slot == 0 || idx > h->slot_mask)
                 continue;
             struct rdv_slot *s = &h->kslots[idx];
             rdv_lock_as(h, &s->lock, who);
@@ -84,13 +86,21 @@ static void reclaim_waiters(rdv_t *h, uint32_t dead) {
 /* After reclaiming: wake every receiver a send handed a message to that
  * has not taken it (a spare wake for most; see the top). */
 static void wake_handed(rdv_t *h) {
+    /* Wakes only: a record of a live process may be freed under us, so
+     * nothing is stored in one. Every bell is rung (an async poll that finds
+     * no hint then looks at all its records); a blocking receiver handed a
+     * message gets a futex wake. */
+    for (uint32_t i = 0; i < RDV_MAX_PROCS; i++)
+        /* relaxed: a first look; a spare wake is harmless */
+        if (READ_ONCE(h->kprocs[i].state) == RDV_PROC_ALIVE)
+            rdv_wake_all(&h->kprocs[i].bell, &h->kprocs[i].bell_sleepers);
     uint32_t g = 0, first, last;
     while (rdv_waiter_slab_next(h, 0, &g, &first, &last))
         for (uint32_t link = first; link <= last; link++) {
             struct rdv_waiter *w = rdv_waiter_at(h, link);
             /* relaxed: a wake is a hint; receivers re-read their state */
             if (w->group == link && RDV_WAITER_KIND(READ_ONCE(w->state)) == RDV_WAITER_HANDED)
-                rdv_waiter_wake(h, link);
+                rdv_wake_sleepers(&w->state, &w->sleeping);
         }
 }
 

@@ -178,7 +178,7 @@ void rdv_waiter_link(rdv_t *h, uint32_t idx, uint32_t link) {
     struct rdv_slot *s = &h->kslots[idx];
     struct rdv_waiter *w = rdv_waiter_at(h, link);
     struct rdv_waiter *tail = rdv_waiter_at(h, s->w_tail);
-    w->slot = idx + 1;
+    WRITE_ONCE(w->slot, idx + 1); /* relaxed: published by the release below */
     w->next = 0;
     w->prev = tail ? s->w_tail : 0;
     /* release: the record's fields land before the forward link that makes
@@ -213,7 +213,9 @@ int rdv_waiter_unlink(rdv_t *h, uint32_t idx, uint32_t link) {
         if (s->waiters)
             s->waiters--;
     }
-    w->slot = 0;
+    /* release: our reads of its links happen before its owner, who skips
+     * the lock once it reads 0 (acquire), frees the record */
+    smp_store_release(&w->slot, 0);
     return member;
 }
 
@@ -228,7 +230,7 @@ void rdv_waiter_rebuild(rdv_t *h, uint32_t idx, uint32_t drop) {
     struct rdv_slot *s = &h->kslots[idx];
     uint32_t head = 0, tail = 0, n = 0;
     uint32_t link = s->w_head;
-    for (uint32_t steps = 0; link && steps < h->granules; steps++) {
+    for (uint64_t steps = 0; link && steps < rdv_waiter_walk_max(h); steps++) {
         struct rdv_waiter *w = rdv_waiter_at(h, link);
         if (!w)
             break; /* the chain is broken here */
@@ -243,7 +245,7 @@ void rdv_waiter_rebuild(rdv_t *h, uint32_t idx, uint32_t drop) {
             tail = link;
             n++;
         } else if (w->slot == idx + 1) {
-            w->slot = 0;
+            smp_store_release(&w->slot, 0); /* as in rdv_waiter_unlink */
         }
         link = next;
     }
@@ -266,8 +268,9 @@ int rdv_waiter_decide(struct rdv_waiter *leader, uint32_t to) {
     return rdv_cas(&leader->state, &waiting, to, __ATOMIC_ACQ_REL);
 }
 
-void rdv_waiter_wake(rdv_t *h, uint32_t link) {
+void rdv_waiter_wake_prepare(rdv_t *h, uint32_t link, struct rdv_wake *wk) {
     struct rdv_waiter *l = rdv_waiter_at(h, link);
+    wk->word = NULL;
     if (!l)
         return;
     if (l->flags & RDV_WAITER_ASYNC) {
@@ -279,13 +282,24 @@ void rdv_waiter_wake(rdv_t *h, uint32_t link) {
         uint32_t owner = l->owner;
         if (owner >= 1 && owner <= RDV_MAX_PROCS) {
             struct rdv_proc *p = &h->kprocs[owner - 1];
-            rdv_wake_all(&p->bell, &p->bell_sleepers);
+            wk->word = &p->bell;
+            wk->sleepers = &p->bell_sleepers;
+            wk->bump = 1;
         }
         return;
     }
-    /* The state word changed already (the CAS, or abort's flag): the
-     * barrier and sleeper check of the event count, then one wake */
-    rdv_wake_sleepers(&l->state, &l->sleeping);
+    wk->word = &l->state; /* changed already: the CAS, or abort's flag */
+    wk->sleepers = &l->sleeping;
+    wk->bump = 0;
+}
+
+void rdv_waiter_wake_now(const struct rdv_wake *wk) {
+    if (!wk->word)
+        return;
+    if (wk->bump)
+        rdv_wake_all(wk->word, wk->sleepers);
+    else /* the barrier and sleeper check of the event count, then one wake */
+        rdv_wake_sleepers(wk->word, wk->sleepers);
 }
 
 /* ---- looking at our slabs ----------------------------------------------- */
@@ -308,7 +322,7 @@ uint32_t rdv_waiter_handed(rdv_t *h, uint32_t *out, uint32_t cap) {
     for (uint32_t i = 0; i < h->n_slabs && n < cap; i++) {
         struct rdv_slab *slab = slab_ctl(h, i);
         /* relaxed first look, then acquire: pairs with the release store of
-         * the hint in rdv_waiter_wake */
+         * the hint in rdv_waiter_wake_prepare */
         if (READ_ONCE(slab->handed) == 0 || !rdv_exchange(&slab->handed, 0, __ATOMIC_ACQUIRE))
             continue;
         uint32_t g = h->slabs[i] - 1;
@@ -316,7 +330,7 @@ uint32_t rdv_waiter_handed(rdv_t *h, uint32_t *out, uint32_t cap) {
             if (!async_handed(h, g + r + 1))
                 continue;
             if (n == cap) {
-                smp_store_release(&slab->handed, 1); /* as in rdv_waiter_wake: come back */
+                smp_store_release(&slab->handed, 1); /* as in rdv_waiter_wake_prepare: come back */
                 break;
             }
             out[n++] = g + r + 1;
@@ -340,7 +354,7 @@ int rdv_waiter_hinted(rdv_t *h, int full) {
         uint32_t g = h->slabs[i] - 1;
         for (uint32_t r = RDV_SLAB_FIRST; r < RDV_SLAB_GRANULES; r++)
             if (async_handed(h, g + r + 1)) {
-                smp_store_release(&slab->handed, 1); /* as in rdv_waiter_wake */
+                smp_store_release(&slab->handed, 1); /* as in rdv_waiter_wake_prepare */
                 any = 1;
                 break;
             }

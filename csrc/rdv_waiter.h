@@ -17,6 +17,11 @@ static inline struct rdv_waiter *rdv_waiter_at(const rdv_t *h, uint32_t link) {
     return (struct rdv_waiter *)(h->karena + (uint64_t)(link - 1) * RDV_GRANULE);
 }
 
+/* More than any line can hold: the bound of every walk along one. */
+static inline uint64_t rdv_waiter_walk_max(const rdv_t *h) {
+    return (uint64_t)h->granules + RDV_MAX_PROCS * RDV_SLAB_GRANULES;
+}
+
 /* The leader of w's group: the record whose state decides the wait. */
 static inline struct rdv_waiter *rdv_waiter_leader(const rdv_t *h, struct rdv_waiter *w) {
     struct rdv_waiter *l = rdv_waiter_at(h, w->group);
@@ -55,10 +60,20 @@ void rdv_waiter_rebuild(rdv_t *h, uint32_t idx, uint32_t drop);
 /* Decide a wait: the leader's state from WAITING to `to` (HANDED | granule
  * for a send, CANCELLED for its owner). 1 if this call decided it. */
 int rdv_waiter_decide(struct rdv_waiter *leader, uint32_t to);
-/* Wake the receiver behind leader record `link` after its state changed
- * (or the rendezvous was aborted): its futex word, or for an async
- * record its slab's hint and its owner's bell. */
-void rdv_waiter_wake(rdv_t *h, uint32_t link);
+/* Waking the receiver behind a leader record after its state changed (or
+ * the rendezvous was aborted), in two halves. rdv_waiter_wake_prepare runs
+ * while the record is still linked (its owner cannot free it then): for an
+ * async record it sets its slab's hint. It notes what to wake: the
+ * record's futex word, or its owner's bell. rdv_waiter_wake_now makes the
+ * wake, after the unlock too: it only bumps a bell and makes a syscall, so
+ * a record freed meanwhile gets at most a spare wake. */
+struct rdv_wake {
+    uint32_t *word;     /* NULL: nothing to wake */
+    uint32_t *sleepers;
+    int bump;           /* a bell: bump it first */
+};
+void rdv_waiter_wake_prepare(rdv_t *h, uint32_t link, struct rdv_wake *wk);
+void rdv_waiter_wake_now(const struct rdv_wake *wk);
 
 /* Our async leader records that were handed a message, into out (up to
  * cap), from the slabs whose hint is set (the hints are cleared). */

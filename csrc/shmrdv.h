@@ -139,7 +139,10 @@ int rdv_recv_leased(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout
  * rdv_recv_cancel, -ECONNABORTED), so a caller interrupted at any point
  * knows whether it is still in line. With
  * RDV_RECV_ASYNC, timeout_ns bounds only the wait for arena room for the
- * waiter record (-ENOSPC after it).
+ * waiter record (-ENOBUFS after it). A blocking start may also return
+ * -ETIMEDOUT or -EINTR with *waiter 0: it ran out of time, or a signal
+ * came, while it waited for room for its record (the arena full, and the
+ * handle's first 62 records in use).
  *
  * rdv_recv_any_start: the same on nkeys keys at once (key_lens[i] bytes
  * each, concatenated in keys; distinct; at most RDV_ANY_MAX): the first

@@ -20,6 +20,8 @@ _ERRORS: Dict[int, Tuple[Type[RendezvousError], str]] = {
     errno.EAGAIN: (RendezvousTimeout, "would block"),
     errno.EMSGSIZE: (MessageTooLarge, "message larger than the arena can ever hold: it can never fit"),
     errno.ENOSPC: (TooManyKeys, "key index full (raise max_keys)"),
+    errno.ENOBUFS: (RendezvousError, "no room in the arena for the record of a waiting receiver (4 KiB holds 62): "
+                    "receive what is pending, drop views no longer needed, or create the rendezvous larger"),
     errno.EINVAL: (InvalidArgument, "invalid argument"),
     errno.EBADF: (RendezvousError, "rendezvous is closed"),
     errno.EBADMSG: (SegmentMismatch, "segment metadata is damaged or inconsistent"),

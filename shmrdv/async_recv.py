@@ -30,6 +30,12 @@ _EMPTY_WHICH = ffi.NULL
 # finishes what it served before it returns (see Completions.after_send).
 _busy: "weakref.WeakSet[Completions]" = weakref.WeakSet()
 pending = [0]  # futures outstanding in this process; send reads it on its hot path
+_pending_lock = threading.Lock()  # pending is one count for every handle's thread
+
+
+def _count(n: int) -> None:
+    with _pending_lock:
+        pending[0] += n
 
 
 class RecvFuture(Future):  # type: ignore[type-arg]
@@ -50,6 +56,7 @@ class RecvFuture(Future):  # type: ignore[type-arg]
         self._which = 0
         self._view: Any = None
         self._given_back = False
+        self._release: Any = None  # a finalizer releasing _info's message
 
     # ---- concurrent.futures ------------------------------------------------
 
@@ -125,7 +132,8 @@ class Completions:
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         self._refs = ffi.new("uint32_t[]", _BATCH)
-        self._n = ffi.new("uint32_t *")
+        self._n = ffi.new("uint32_t *")  # under the lock
+        self._wait_n = ffi.new("uint32_t *")  # the thread's wait, outside it
         self._start_out = ffi.new("uint32_t[2]")  # waiter, which
 
     def start(self, flags: int, kb: bytes, keys: Optional[Sequence[str]] = None,
@@ -146,12 +154,12 @@ class Completions:
             if rc == -errno.EINPROGRESS:
                 fut._waiter = int(out[0])
                 self._futures[fut._waiter] = fut
-                pending[0] += 1
+                _count(1)
                 _busy.add(self)
                 self._ensure_thread()
                 return fut
             if rc == 0:
-                fut._info, fut._which = info, int(out[1])
+                self._hold(fut, info, int(out[1]))
         # a failure to start (the key index full, abort) is the future's, as a receive's is
         fut._finish(self._rdv._error(rc, what) if rc < 0 else None)
         fut._run_callbacks()
@@ -169,7 +177,7 @@ class Completions:
         lock, so a send of ours that finds nothing to take knows the thread
         has finished what it served."""
         if timeout_ns:
-            rc = lib.rdv_recv_poll(self._h, timeout_ns, ffi.NULL, 0, self._n)  # waits only
+            rc = lib.rdv_recv_poll(self._h, timeout_ns, ffi.NULL, 0, self._wait_n)  # waits only
             if rc < 0 and rc != -errno.ECONNABORTED:
                 return []  # nothing served (or a signal): the caller polls again
         done: List[RecvFuture] = []
@@ -198,9 +206,9 @@ class Completions:
         if waiter[0]:
             return  # still waiting: a stale hint
         del self._futures[fut._waiter]
-        pending[0] -= 1
+        _count(-1)
         if rc == 0:
-            fut._info, fut._which = info, int(which[0])
+            self._hold(fut, info, int(which[0]))
             fut._finish()
         else:
             fut._finish(self._rdv._error(rc, self._what(fut)))
@@ -217,7 +225,7 @@ class Completions:
         if rc == 1:
             lib.rdv_release_payload(self._h, info.payload)
         del self._futures[fut._waiter]
-        pending[0] -= 1
+        _count(-1)
         fut._finish(self._rdv._error(rc_if_withdrawn, self._what(fut)))
 
     def _run(self) -> None:
@@ -244,9 +252,9 @@ class Completions:
             which = ffi.new("uint32_t *")
             rc = lib.rdv_recv_cancel(self._h, ffi.new("uint32_t *", fut._waiter), 0, which, info)
             del self._futures[fut._waiter]
-            pending[0] -= 1
+            _count(-1)
             if rc == 1:
-                fut._info, fut._which = info, int(which[0])
+                self._hold(fut, info, int(which[0]))
                 fut._finish()
             elif rc < 0:
                 fut._finish(self._rdv._error(rc, self._what(fut)))
@@ -258,11 +266,19 @@ class Completions:
         fut.set_running_or_notify_cancel()
         return True
 
+    def _hold(self, fut: RecvFuture, info: Any, which: int) -> None:
+        """fut holds a taken message until its view is made (result()) or it
+        goes back (give_back); if neither happens, the message is released
+        with the future."""
+        fut._info, fut._which = info, which
+        fut._release = weakref.finalize(fut, lib.rdv_release_payload, self._h, info.payload)
+
     def materialize(self, fut: RecvFuture) -> Any:
         with self._lock:
             if fut._given_back:
                 raise CancelledError("the awaiting task was cancelled; its message went back to its key")
             if fut._view is None:
+                fut._release.detach()  # the view's own release takes over
                 fut._view = self._rdv._view(fut._info)
                 fut._info = None
                 if fut._keys is not None:
@@ -275,6 +291,7 @@ class Completions:
                 return  # its view was made: the caller has it
             info, fut._info = fut._info, None
             fut._given_back = True
+            fut._release.detach()
             lib.rdv_give_back(self._h, info.payload)
 
     def close(self) -> None:
@@ -293,8 +310,10 @@ class Completions:
 
 def _forget_in_child() -> None:
     # a forked child has none of its parent's waiters or threads
+    global _pending_lock
     _busy.clear()
     pending[0] = 0
+    _pending_lock = threading.Lock()  # a fork may have copied it held
 
 
 if hasattr(os, "register_at_fork"):

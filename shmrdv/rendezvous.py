@@ -192,6 +192,7 @@ def _left(timeout_ns: int, step: int) -> int:
 
 _per_thread = threading.local()  # a reusable rdv_msg_info and waiter word per thread
 _async_pending = async_recv.pending  # recv_async futures outstanding in this process
+_RETRY = (-errno.ETIMEDOUT, -errno.EINTR)  # a receive's slice ran out, or a signal came
 
 _DESC_OFFSET = ffi.offsetof("struct rdv_msg_info", "ndim")
 _descs: Dict[bytes, Tuple[np.dtype, Tuple[int, ...], int]] = {}
@@ -837,7 +838,10 @@ class Rendezvous:
     # ---- receiving ---------------------------------------------------------
 
     def _view(self, info: Any, writable: bool = False) -> np.ndarray:
-        payload = ffi.gc(info.payload, self._release)  # released even if we raise below
+        # Cleared first: a message whose view may exist is never given back
+        # (an interruption between the two lines leaks the block instead).
+        raw, info.payload = info.payload, ffi.NULL
+        payload = ffi.gc(raw, self._release)  # released even if we raise below
         desc = ffi.buffer(info)[_DESC_OFFSET : _DESC_OFFSET + 40 + 16 * info.ndim]
         parsed = _descs.get(desc)
         if parsed is None:
@@ -866,55 +870,57 @@ class Rendezvous:
         step = t if 0 <= t <= _FIRST_SLICE_NS else _FIRST_SLICE_NS  # _first_step, inline: the hot path
         try:
             rc = lib.rdv_recv_start(h, kb, len(kb), step, flags, waiter, info)
-            if rc < 0 and waiter[0]:  # still in line: keep our place
-                rc = self._in_line(None, h, waiter, t, flags, ffi.NULL, info, step)
+            if rc < 0 and (waiter[0] or (rc in _RETRY and step != t)):  # keep our place in line
+                rc = self._in_line(lambda ns: lib.rdv_recv_start(h, kb, len(kb), ns, flags, waiter, info), h, waiter,
+                                   t, flags, ffi.NULL, info, step)
+            if rc == 0:
+                return self._view(info, writable)
         except BaseException:  # a signal handler's (Ctrl-C) between the calls: leave the line
             self._leave_line(h, waiter, flags, ffi.NULL, info)
             raise
-        if rc == 0:
-            return self._view(info, writable)
         if rc == -errno.EAGAIN and empty_ok:
             return None
         self._fail(rc, f"recv {key!r}")
 
     @staticmethod
-    def _in_line(start: Optional[Callable[[int], int]], h: Any, waiter: Any, timeout_ns: int, flags: int, which: Any,
-                 info: Any, waited: int = 0) -> int:
-        """Run a receive's start (``start(first_wait_ns)``), unless the caller
-        did (it waited ``waited`` ns), then keep its place in line in slices,
-        so that signal handlers run (Ctrl-C), and leave the line at the
-        deadline. The core clears *waiter once the waiter has ended, so an
-        exception from a signal handler, wherever it lands, leaves the line
-        too, putting back a message handed over meanwhile."""
-        step = waited
-        try:
-            if start is not None:
-                waiter[0] = 0
-                step = _first_step(timeout_ns)
-                rc = start(step)
-                if rc == 0 or not waiter[0]:
-                    return rc
-            deadline = None if timeout_ns < 0 else time.monotonic_ns() + max(0, timeout_ns - step)
-            slice_ns = 2 * _FIRST_SLICE_NS
-            while True:
-                left = -1 if deadline is None else max(0, deadline - time.monotonic_ns())
-                step = slice_ns if left < 0 or left > slice_ns else left
+    def _in_line(start: Callable[[int], int], h: Any, waiter: Any, timeout_ns: int, flags: int, which: Any,
+                 info: Any, waited: int) -> int:
+        """After a receive's first call (``start(ns)``, which waited up to
+        ``waited`` ns), keep its place in line in slices, so that signal
+        handlers run (Ctrl-C), and leave the line at the deadline. A start
+        that ran out of its slice before it got in line (waiting for arena
+        room for its record) is called again. The caller leaves the line if
+        this raises (``_leave_line``): the core clears *waiter once the
+        waiter has ended, so wherever the exception lands it is known
+        whether we are still in line."""
+        deadline = None if timeout_ns < 0 else time.monotonic_ns() + max(0, timeout_ns - waited)
+        slice_ns = 2 * _FIRST_SLICE_NS
+        while True:
+            left = -1 if deadline is None else max(0, deadline - time.monotonic_ns())
+            step = slice_ns if left < 0 or left > slice_ns else left
+            if waiter[0]:
                 rc = lib.rdv_recv_wait(h, waiter, step, flags, which, info)
                 if not waiter[0]:
                     return rc  # served (0), or out of line (abort)
                 if rc == -errno.ETIMEDOUT and step == left:
                     rc = lib.rdv_recv_cancel(h, waiter, flags, which, info)
                     return 0 if rc == 1 else (-errno.ETIMEDOUT if rc == 0 else rc)
-                slice_ns = min(2 * slice_ns, _MAX_SLICE_NS)
-        except BaseException:
-            Rendezvous._leave_line(h, waiter, flags, which, info)
-            raise
+            else:
+                if left == 0:
+                    return -errno.ETIMEDOUT
+                rc = start(step)
+                if rc == 0 or (rc not in _RETRY and not waiter[0]):
+                    return rc
+            slice_ns = min(2 * slice_ns, _MAX_SLICE_NS)
 
     @staticmethod
     def _leave_line(h: Any, waiter: Any, flags: int, which: Any, info: Any) -> None:
-        """Leave the line if still in it, putting back a message handed over meanwhile."""
-        if waiter[0] and lib.rdv_recv_cancel(h, waiter, flags, which, info) == 1:
-            lib.rdv_give_back(h, info.payload)
+        """Leave the line if still in it; put back a message handed over
+        meanwhile, or taken and not yet made a view (info.payload is cleared
+        once a view owns it)."""
+        if waiter[0] and lib.rdv_recv_cancel(h, waiter, flags, which, info) == 1 or info.payload != ffi.NULL:
+            payload, info.payload = info.payload, ffi.NULL
+            lib.rdv_give_back(h, payload)
 
     def recv(self, key: str, *, timeout: Optional[float] = None, lease: bool = False, writable: bool = False) -> np.ndarray:
         """Take the oldest message under ``key``, waiting for one if none is
@@ -984,11 +990,18 @@ class Rendezvous:
         h = self._handle()
         info, waiter = _thread_scratch()
         which = ffi.new("uint32_t *")
-        rc = self._in_line(lambda step: lib.rdv_recv_any_start(h, kb, lens, len(names), step, 0, waiter, which, info), h,
-                           waiter, t, 0, which, info)
-        if rc < 0:
-            self._fail(rc, f"recv_any {names!r}")
-        return names[which[0]], self._view(info)
+        step = _first_step(t)
+        try:
+            rc = lib.rdv_recv_any_start(h, kb, lens, len(names), step, 0, waiter, which, info)
+            if rc < 0 and (waiter[0] or (rc in _RETRY and step != t)):
+                rc = self._in_line(lambda ns: lib.rdv_recv_any_start(h, kb, lens, len(names), ns, 0, waiter, which, info),
+                                   h, waiter, t, 0, which, info, step)
+            if rc == 0:
+                return names[which[0]], self._view(info)
+        except BaseException:
+            self._leave_line(h, waiter, 0, which, info)
+            raise
+        self._fail(rc, f"recv_any {names!r}")
 
     async def arecv(self, key: str, *, timeout: Optional[float] = None) -> np.ndarray:
         """``recv`` for asyncio: waits without blocking the event loop (and

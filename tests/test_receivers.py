@@ -27,6 +27,11 @@ def waiters(rdv):
     return rdv.stats().waiters
 
 
+def stopped(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
 def test_waiters_across_processes_are_served_in_arrival_order(rdv, children):
     queue = children.context.Queue()
     procs = []
@@ -184,6 +189,7 @@ def test_a_killed_waiter_leaves_the_line_and_a_message_handed_to_it_comes_back_f
     assert queue.get(timeout=30)[0] == "ready"
     wait_for(lambda: waiters(rdv) == 1, "the child in line")
     os.kill(child.pid, signal.SIGSTOP)  # it cannot take what it is handed
+    wait_for(lambda: stopped(child.pid), "the child stopped")
     try:
         rdv.send("dead", one(1))  # handed to the stopped child
         rdv.send("dead", one(2))  # queued: nobody waits
@@ -231,3 +237,62 @@ def test_give_back_puts_a_view_at_the_head_of_its_key(rdv):
     assert lib.rdv_recv(rdv._handle(), kb, 1, 0, info) == 0
     assert lib.rdv_give_back(rdv._handle(), info.payload) == 0
     assert [int(rdv.recv("g", timeout=5)[0]) for _ in range(2)] == [1, 2]
+
+
+def test_a_dead_waiter_ahead_in_line_does_not_keep_the_message(rdv, children):
+    """A receiver killed while first in line is handed the next message; the
+    live receiver behind it gets that message once it has waited a while (it
+    reclaims the dead itself), with nobody attaching or collecting garbage."""
+    queue = children.context.Queue()
+    child = children.start(workers.recv_in_line, rdv.name, "ahead", queue)
+    assert queue.get(timeout=30)[0] == "ready"
+    wait_for(lambda: waiters(rdv) == 1, "the child in line")
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(10)
+    got = []
+    t = threading.Thread(target=lambda: got.append(int(rdv.recv("ahead", timeout=30)[0])))
+    t.start()
+    wait_for(lambda: waiters(rdv) == 2, "a live receiver behind the dead one")
+    rdv.send("ahead", one(9))  # handed to the dead child, first in line
+    t.join(30)
+    assert got == [9]
+
+
+def _no_room(rdv_name):
+    """A handle whose 62 home waiter records are in use, in an arena with no
+    room for a slab of more: returns (rdv, the futures holding the records)."""
+    rdv = shmrdv.Rendezvous(rdv_name, size=64 * 1024, create=True)
+    futs = [rdv.recv_async("held") for _ in range(62)]
+    rdv.send("fill", np.zeros(60 * 1024, np.uint8))
+    assert rdv.stats().largest_free < 4096
+    return rdv, futs
+
+
+def test_no_room_for_a_waiter_record_times_out_or_takes_what_is_queued(rdv_name):
+    rdv, futs = _no_room(rdv_name)
+    try:
+        with pytest.raises(shmrdv.RendezvousTimeout):
+            rdv.recv("nothing", timeout=0.2)
+        rdv.send("b", one(5))
+        key, view = rdv.recv_any(["a", "b"], timeout=5)  # no record needed: a message is there
+        assert (key, int(view[0])) == ("b", 5)
+        del view
+        with pytest.raises(shmrdv.RendezvousError, match="no room in the arena for the record"):
+            rdv.recv_async("more").result(timeout=5)
+        assert int(rdv.recv_async("fill").result(timeout=5).size) == 60 * 1024
+        assert all(f.cancel() for f in futs)
+    finally:
+        rdv.close()
+        rdv.unlink()
+
+
+def test_a_finished_future_that_is_never_read_releases_its_message(rdv):
+    fut = rdv.recv_async("unread")
+    rdv.send("unread", np.zeros(1000, np.uint8))
+    assert fut.done()
+    used = rdv.stats().bytes_used
+    del fut
+    import gc
+
+    gc.collect()
+    assert rdv.stats().bytes_used < used
