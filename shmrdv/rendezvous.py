@@ -8,7 +8,6 @@ import threading
 import time
 import warnings
 import weakref
-from concurrent.futures import Future
 from functools import partial
 from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Tuple, Union
 

@@ -9,7 +9,6 @@ import pytest
 
 import shmrdv
 
-from .conftest import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
