@@ -266,13 +266,33 @@ static int marked_kill_loop(rdv_t *h, const char *name) {
     return failed || rc || id != MARK_ID || last != next - 1 || last < KILLS;
 }
 
-static void send_number(rdv_t *h, uint64_t n) {
+/* A numbered message: [n, 3n + 1, n, n]. */
+static void send_number_to(rdv_t *h, const char *key, uint64_t n) {
     uint64_t words[4] = {n, 3 * n + 1, n, n};
     int64_t shape[1] = {4}, strides[1] = {8};
-    int rc = rdv_send(h, LEASED_KEY, strlen(LEASED_KEY), "<u8", 3, 1, shape, strides, words,
-                      sizeof words, TIMEOUT_NS);
+    int rc = rdv_send(h, key, strlen(key), "<u8", 3, 1, shape, strides, words, sizeof words, TIMEOUT_NS);
     if (rc)
         die("send", rc);
+}
+
+static void send_number(rdv_t *h, uint64_t n) { send_number_to(h, LEASED_KEY, n); }
+
+/* A child running body(name, the write end of a pipe) until killed; *in
+ * gets the read end. */
+static pid_t fork_reporting(const char *name, void (*body)(const char *, int), int *in) {
+    int p[2];
+    pid_t pid;
+    if (pipe(p) < 0 || (pid = fork()) < 0)
+        die("fork", -errno);
+    if (pid == 0) {
+        alarm(60); /* never hang */
+        close(p[0]);
+        body(name, p[1]);
+        _exit(0);
+    }
+    close(p[1]);
+    *in = p[0];
+    return pid;
 }
 
 static void forward(const char *name, int out) {
@@ -299,21 +319,13 @@ static int leased_kill_loop(rdv_t *h, const char *name) {
     for (int k = 0; k < LEASE_KILLS && !failed; k++) {
         for (int i = 0; i < LEASE_BATCH; i++)
             send_number(h, ++produced);
-        int p[2];
-        pid_t pid;
-        if (pipe(p) < 0 || (pid = fork()) < 0)
-            die("fork", -errno);
-        if (pid == 0) {
-            alarm(60); /* never hang */
-            close(p[0]);
-            forward(name, p[1]);
-        }
-        close(p[1]);
+        int in;
+        pid_t pid = fork_reporting(name, forward, &in);
         /* Mostly once it forwards, then at random; every fourth time at once,
          * often while it attaches: reclaiming the one killed before. */
         int at_once = k % 4 == 3;
         uint64_t n;
-        ssize_t got = at_once ? 0 : read(p[0], &n, 8);
+        ssize_t got = at_once ? 0 : read(in, &n, 8);
         usleep(rng(&seed) % (at_once ? 500 : 2000));
         kill(pid, SIGKILL);
         int status;
@@ -321,13 +333,13 @@ static int leased_kill_loop(rdv_t *h, const char *name) {
         failed |= !WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL;
         /* in order; each forwarder may start with the number the last one held */
         if (at_once)
-            got = read(p[0], &n, 8);
-        for (int first = 1; got == 8; got = read(p[0], &n, 8), first = 0) {
+            got = read(in, &n, 8);
+        for (int first = 1; got == 8; got = read(in, &n, 8), first = 0) {
             failed |= n == 0 || n > produced || n < last || (n == last && !first);
             again += seen[n]++ != 0;
             last = n;
         }
-        close(p[0]);
+        close(in);
     }
     rdv_gc(h, NULL);
     struct rdv_msg_info info;
@@ -621,14 +633,6 @@ static int churn_kill_loop(rdv_t *h, const char *name) {
 
 /* ---- receivers in line under SIGKILL ----------------------------------- */
 
-static void send_number_to(rdv_t *h, const char *key, uint64_t n) {
-    uint64_t words[4] = {n, 3 * n + 1, n, n};
-    int64_t shape[1] = {4}, strides[1] = {8};
-    int rc = rdv_send(h, key, strlen(key), "<u8", 3, 1, shape, strides, words, sizeof words, TIMEOUT_NS);
-    if (rc)
-        die("send", rc);
-}
-
 static void report(rdv_t *h, int out, const struct rdv_msg_info *info, uint64_t *seed) {
     const uint64_t *w = info->payload;
     uint64_t n = info->nbytes == 32 && w[1] == 3 * w[0] + 1 ? w[0] : 0;
@@ -671,18 +675,8 @@ static void wait_in_line(const char *name, int out) {
 }
 
 static pid_t start_waiter(const char *name, int *in) {
-    int p[2];
-    pid_t pid;
-    if (pipe(p) < 0 || (pid = fork()) < 0)
-        die("fork", -errno);
-    if (pid == 0) {
-        alarm(60); /* never hang */
-        close(p[0]);
-        wait_in_line(name, p[1]);
-    }
-    close(p[1]);
-    fcntl(p[0], F_SETFL, O_NONBLOCK);
-    *in = p[0];
+    pid_t pid = fork_reporting(name, wait_in_line, in);
+    fcntl(*in, F_SETFL, O_NONBLOCK);
     return pid;
 }
 
