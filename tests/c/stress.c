@@ -277,9 +277,9 @@ static void send_number_to(rdv_t *h, const char *key, uint64_t n) {
 
 static void send_number(rdv_t *h, uint64_t n) { send_number_to(h, LEASED_KEY, n); }
 
-/* A child running body(name, the write end of a pipe) until killed; *in
- * gets the read end. */
-static pid_t fork_reporting(const char *name, void (*body)(const char *, int), int *in) {
+/* A child running body(name, arg, the write end of a pipe) until killed
+ * (or until it returns); *in gets the read end. */
+static pid_t fork_reporting(const char *name, void (*body)(const char *, int, int), int arg, int *in) {
     int p[2];
     pid_t pid;
     if (pipe(p) < 0 || (pid = fork()) < 0)
@@ -287,7 +287,7 @@ static pid_t fork_reporting(const char *name, void (*body)(const char *, int), i
     if (pid == 0) {
         alarm(60); /* never hang */
         close(p[0]);
-        body(name, p[1]);
+        body(name, arg, p[1]);
         _exit(0);
     }
     close(p[1]);
@@ -295,7 +295,8 @@ static pid_t fork_reporting(const char *name, void (*body)(const char *, int), i
     return pid;
 }
 
-static void forward(const char *name, int out) {
+static void forward(const char *name, int unused, int out) {
+    (void)unused;
     rdv_t *h = attach(name);
     for (uint64_t seed = (uint64_t)getpid();;) { /* until killed */
         struct rdv_msg_info info;
@@ -320,7 +321,7 @@ static int leased_kill_loop(rdv_t *h, const char *name) {
         for (int i = 0; i < LEASE_BATCH; i++)
             send_number(h, ++produced);
         int in;
-        pid_t pid = fork_reporting(name, forward, &in);
+        pid_t pid = fork_reporting(name, forward, 0, &in);
         /* Mostly once it forwards, then at random; every fourth time at once,
          * often while it attaches: reclaiming the one killed before. */
         int at_once = k % 4 == 3;
@@ -493,19 +494,11 @@ static void churn(const char *name, int c, int ready) {
 }
 
 static pid_t start_churner(const char *name, int c, uint32_t *entry) {
-    int p[2];
-    pid_t pid;
-    if (pipe(p) < 0 || (pid = fork()) < 0)
-        die("fork", -errno);
-    if (pid == 0) {
-        alarm(60); /* never hang */
-        close(p[0]);
-        churn(name, c, p[1]);
-    }
-    close(p[1]);
-    if (read(p[0], entry, 4) != 4)
+    int in;
+    pid_t pid = fork_reporting(name, churn, c, &in);
+    if (read(in, entry, 4) != 4)
         die("churner start", -EPIPE);
-    close(p[0]);
+    close(in);
     return pid;
 }
 
@@ -643,7 +636,8 @@ static void report(rdv_t *h, int out, const struct rdv_msg_info *info, uint64_t 
     rdv_release_payload(h, info->payload);
 }
 
-static void wait_in_line(const char *name, int out) {
+static void wait_in_line(const char *name, int unused, int out) {
+    (void)unused;
     rdv_t *h = attach(name);
     static const char keys[] = WAIT_KEY_A WAIT_KEY_B;
     const uint32_t lens[2] = {sizeof WAIT_KEY_A - 1, sizeof WAIT_KEY_B - 1};
@@ -675,7 +669,7 @@ static void wait_in_line(const char *name, int out) {
 }
 
 static pid_t start_waiter(const char *name, int *in) {
-    pid_t pid = fork_reporting(name, wait_in_line, in);
+    pid_t pid = fork_reporting(name, wait_in_line, 0, in);
     fcntl(*in, F_SETFL, O_NONBLOCK);
     return pid;
 }
