@@ -18,7 +18,7 @@
 #define RDV_SPIN_CHECK_EVERY 64 /* pause iterations between clock reads and yields */
 
 void rdv_deadline_init(struct rdv_deadline *d, int64_t timeout_ns) {
-    d->forever = timeout_ns < 0;
+    d->forever = timeout_ns < 0 || timeout_ns >= RDV_FOREVER_NS;
     d->at_ns = d->forever ? 0 : rdv_now_ns() + timeout_ns;
 }
 

@@ -7,7 +7,8 @@ from typing import Dict
 import numpy as np
 
 from ._binding import lib
-from .errors import InvalidArgument, InvalidType, SegmentMismatch
+from .errors import InvalidArgument, InvalidType, MessageTooLarge, SegmentMismatch
+from .limits import FOREVER_NS
 
 _DTYPE_KINDS = "biufcmMSU"  # plain, fixed-size, non-object dtypes
 _NS = 1_000_000_000
@@ -21,7 +22,11 @@ def key_bytes(key: object) -> bytes:
     kb = _key_cache.get(key)
     if kb is not None:
         return kb
-    kb = key.encode("utf-8")
+    try:
+        kb = key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"key is not valid text: {exc.reason} at character {exc.start} "
+                              f"({key[exc.start:exc.end]!r}); keys are str of valid Unicode") from None
     if not kb or len(kb) > lib.RDV_KEY_MAX:
         raise InvalidArgument(f"key must be 1..{lib.RDV_KEY_MAX} bytes in UTF-8, got {len(kb)}")
     if len(_key_cache) >= _MAX_CACHED:
@@ -38,7 +43,7 @@ def timeout_ns(timeout: object) -> int:
         raise InvalidType(f"timeout must be None or a number of seconds, not {type(timeout).__name__}")
     if not timeout >= 0:  # also rejects NaN
         raise InvalidArgument(f"timeout must be >= 0 seconds, got {timeout!r}")
-    if timeout * _NS >= 1 << 62:  # includes inf: as good as forever
+    if timeout * _NS >= FOREVER_NS:  # includes inf
         return -1
     return int(timeout * _NS)
 
@@ -57,6 +62,28 @@ def dtype_code(dtype: np.dtype) -> bytes:
             raise InvalidType(f"dtype {dtype} has too long a descriptor")
         _dtype_codes[dtype] = code
     return code
+
+
+def shape_of(shape: object, itemsize: int, what: str) -> tuple:
+    """Check a shape argument: an int or a tuple/list of ints (no floats, no
+    strings), each non-negative, whose bytes could fit a rendezvous."""
+    dims = shape if isinstance(shape, (tuple, list)) else (shape,)
+    out = []
+    for n in dims:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise InvalidType(f"{what}: shape must be an int or a tuple of ints, got {shape!r}")
+        if n < 0:
+            raise InvalidArgument(f"{what}: shape must be non-negative, got {tuple(dims)}")
+        out.append(int(n))
+    if len(out) > lib.RDV_NDIM_MAX:
+        raise InvalidArgument(f"{what}: {len(out)} dimensions, at most {lib.RDV_NDIM_MAX} are supported")
+    nbytes = itemsize
+    for n in out:
+        nbytes *= n
+    if nbytes > lib.RDV_MAX_ARENA_BYTES:
+        raise MessageTooLarge(f"{what}: shape {tuple(out)} is {nbytes} bytes, more than any rendezvous holds "
+                              f"(at most {lib.RDV_MAX_ARENA_BYTES}): send it in parts")
+    return tuple(out)
 
 
 def dtype_of(code: bytes) -> np.dtype:

@@ -34,4 +34,8 @@ MAX_PROCS = int(lib.RDV_MAX_PROCS)
 LAYOUT_VERSION = int(lib.RDV_LAYOUT_VERSION)
 """The shared layout's version: a segment of another version is refused."""
 
-__all__ = ["KEY_MAX", "NDIM_MAX", "DTYPE_MAX", "REASON_MAX", "NAME_MAX", "MAX_MARKS", "MAX_ARENA_BYTES", "MAX_PROCS", "LAYOUT_VERSION"]
+FOREVER_NS = int(lib.RDV_FOREVER_NS)
+"""A timeout this long or longer (2**62 ns, about 146 years) waits forever."""
+
+__all__ = ["KEY_MAX", "NDIM_MAX", "DTYPE_MAX", "REASON_MAX", "NAME_MAX", "MAX_MARKS", "MAX_ARENA_BYTES", "MAX_PROCS",
+           "LAYOUT_VERSION", "FOREVER_NS"]

@@ -18,6 +18,7 @@ from . import async_recv, limits
 from ._binding import ffi, lib, raise_rc
 from .codec import _MAX_CACHED, _dtype_codes, _key_cache, as_sendable
 from .codec import dtype_code as _dtype_code
+from .codec import shape_of as _shape_of
 from .codec import dtype_of as _dtype_of
 from .codec import key_bytes as _key_bytes
 from .codec import timeout_ns as _timeout_ns
@@ -785,12 +786,10 @@ class Rendezvous:
         checked_mark = None if mark is None else _mark(mark)
         try:
             dt = np.dtype(dtype)
-            shp = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         except (TypeError, ValueError) as exc:
-            raise InvalidType(f"bad shape or dtype for alloc: {exc}") from exc
-        if any(n < 0 for n in shp):
-            raise InvalidArgument(f"shape must be non-negative: {shp}")
+            raise InvalidType(f"alloc {key!r}: bad dtype {dtype!r}: {exc}") from exc
         _dtype_code(dt)
+        shp = _shape_of(shape, dt.itemsize, f"alloc {key!r}")
         if self._routes is not None:
             url = self._routes.url_for(key)
             if url is not None:
@@ -1095,6 +1094,8 @@ class Rendezvous:
     def keys(self, limit: int = 100_000) -> List[KeyInfo]:
         """The live keys (with messages pending or receivers waiting), up to limit."""
         limit = _positive_int(limit, "limit")
+        # no more keys than the index holds can be live: room for those only
+        limit = min(limit, 4 * int(self.stats().max_keys))  # more than its index has slots for
         out = ffi.new("struct rdv_key_info[]", limit)
         n = ffi.new("uint32_t *")
         rc = lib.rdv_keys(self._handle(), out, limit, n)

@@ -364,6 +364,8 @@ def parse_recv(body: bytes) -> Tuple[str, int]:
         key = body[_RECV.size :].decode("utf-8")
     except UnicodeDecodeError:
         raise ProtocolError("key is not UTF-8") from None
+    if timeout_ns < 0 or timeout_ns >= limits.FOREVER_NS:
+        timeout_ns = -1  # clamped: as long as forever (a timer that long cannot even be armed)
     return key, timeout_ns
 
 

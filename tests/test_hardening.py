@@ -1,0 +1,49 @@
+"""Inputs that used to escape the documented exceptions, and a bridge
+timeout too long for a timer: each now gets the documented error (or is
+clamped), with a message that names the problem."""
+import numpy as np
+import pytest
+
+import shmrdv
+from shmrdv.bridge import protocol
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("shape", [(2**62, 8), (2**63,), (2**32, 2**32)])
+def test_an_alloc_shape_no_rendezvous_can_hold_is_too_large(rdv, shape):
+    with pytest.raises(shmrdv.MessageTooLarge, match="more than any rendezvous holds"):
+        rdv.alloc("k", shape, np.float64)
+
+
+@pytest.mark.parametrize("shape", [(2.7,), "5", (True,), (3, None), 2.0])
+def test_an_alloc_shape_must_be_ints(rdv, shape):
+    with pytest.raises(shmrdv.InvalidType, match="shape must be an int or a tuple of ints"):
+        rdv.alloc("k", shape, np.float32)
+
+
+def test_an_alloc_shape_of_numpy_ints_is_fine(rdv):
+    with rdv.alloc("k", (np.int64(2), np.uint8(3)), np.float32) as buf:
+        buf[...] = 1
+    assert rdv.recv("k", timeout=5).shape == (2, 3)
+
+
+def test_a_key_that_is_not_valid_unicode_is_an_invalid_argument(rdv):
+    bad = "step\udc80"  # a lone surrogate: no UTF-8 for it
+    for call in (lambda: rdv.send(bad, np.zeros(1)), lambda: rdv.try_recv(bad),
+                 lambda: rdv.recv_any(["ok", bad], timeout=0)):
+        with pytest.raises(shmrdv.InvalidArgument, match="not valid text"):
+            call()
+
+
+def test_keys_with_a_huge_limit_lists_the_keys(rdv):
+    rdv.send("a", np.zeros(1))
+    assert [k.name for k in rdv.keys(limit=2**40)] == ["a"]
+
+
+@pytest.mark.parametrize("timeout_ns", [2**63 - 1, 2**62, -5])
+def test_a_bridge_recv_timeout_too_long_for_a_timer_waits_forever(timeout_ns):
+    frame = protocol.recv_request(1, b"key", timeout_ns)
+    body = frame[-(8 + 3):]
+    assert protocol.parse_recv(body) == ("key", -1)
+    assert protocol.parse_recv(protocol.recv_request(1, b"key", 5_000)[-(8 + 3):]) == ("key", 5_000)
