@@ -4,6 +4,7 @@ import errno
 import math
 import os
 import re
+import stat
 import threading
 import time
 import warnings
@@ -79,6 +80,37 @@ def _unlink_private(name: str, pid: int) -> None:
     # that inherited the object through fork and exits normally.
     if os.getpid() == pid:
         unlink_segment(name)
+
+
+def _segment_file(path: str) -> str:
+    return os.path.join("/dev/shm", path.lstrip("/"))
+
+
+def _check_owner(fd: int, name: str, path: str) -> None:
+    """Attach only to a segment this user owns and nobody else can open:
+    another local user could have created it first, to read the tensors
+    sent through it or plant its own (PermissionError, naming owner and mode)."""
+    st = os.fstat(fd)
+    euid = os.geteuid()
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != euid:
+        raise PermissionError(errno.EACCES, f"refusing to attach to rendezvous {name!r}: its segment is owned by "
+                              f"uid {st.st_uid} ({_user(st.st_uid)}), not by this user (uid {euid}), so its owner "
+                              f"can read and change what is sent through it; remove it (shmrdv rm {name}, as its "
+                              f"owner or root) or use another name", _segment_file(path))
+    if mode & 0o077:
+        raise PermissionError(errno.EACCES, f"refusing to attach to rendezvous {name!r}: its segment has mode "
+                              f"{mode:04o}, open to group or others (shmrdv creates them 0600); remove it "
+                              f"(shmrdv rm {name}), or chmod 600 it if you trust what it holds", _segment_file(path))
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return "no such user"
 
 
 def _segment_version(path: str) -> str:
@@ -520,12 +552,19 @@ class Rendezvous:
                     self._created = True
                     return out[0]
             try:
-                shm = posix_ipc.SharedMemory(self._path)
+                shm = posix_ipc.SharedMemory(self._path)  # shm_open: O_NOFOLLOW
             except posix_ipc.ExistentialError:
                 if create is False:
                     raise FileNotFoundError(errno.ENOENT, "no such rendezvous", self._name) from None
                 continue  # unlinked between our create and attach attempts
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise PermissionError(errno.EACCES, f"refusing to attach to rendezvous {self._name!r}: its "
+                                          f"segment is a symbolic link; remove it (shmrdv rm {self._name})",
+                                          _segment_file(self._path)) from None
+                raise
             try:
+                _check_owner(shm.fd, self._name, self._path)
                 rc = lib.rdv_attach(shm.fd, out)
                 age = time.time() - os.fstat(shm.fd).st_ctime if rc == -errno.EOWNERDEAD else 0.0
             finally:

@@ -69,6 +69,13 @@ def run_c_program(exe: Path, segment_prefix: str, timeout: float) -> subprocess.
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
+def write_segment_file(path: str, data: bytes) -> None:
+    """A segment file made by hand, as shmrdv makes them: new, mode 0600 (attach refuses others)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
 def wait_for(condition, what: str, timeout: float = 20.0) -> None:
     """Poll until condition() holds; fail naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import shmrdv
-from tests.conftest import MiB, SHM_DIR, segment_path
+from tests.conftest import MiB, SHM_DIR, segment_path, write_segment_file
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -168,8 +168,7 @@ def test_create_false_on_missing_segment_raises_file_not_found(rdv_name):
 
 
 def test_attaching_to_a_foreign_segment_raises_segment_mismatch(rdv_name):
-    with open(segment_path(rdv_name), "wb") as foreign:
-        foreign.write(b"not a shmrdv segment".ljust(MiB, b"\xff"))
+    write_segment_file(segment_path(rdv_name), b"not a shmrdv segment".ljust(MiB, b"\xff"))
     with pytest.raises(shmrdv.SegmentMismatch):
         shmrdv.Rendezvous(rdv_name, create=False)
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import shmrdv
 
-from .conftest import segment_path
+from .conftest import segment_path, write_segment_file
 
 ARENA = 64 * 1024
 MAX_KEYS = 32
@@ -98,8 +98,7 @@ def test_named_damage_is_named_in_the_error(pristine, rdv_name, offset, value, m
     if offset == 0:
         raw[0:8] = b"NOTSHMRD"
     path = segment_path(rdv_name)
-    with open(path, "xb") as f:
-        f.write(bytes(raw))
+    write_segment_file(path, bytes(raw))
     try:
         with pytest.raises(shmrdv.SegmentMismatch, match=message):
             shmrdv.Rendezvous(rdv_name, create=False)
@@ -109,8 +108,7 @@ def test_named_damage_is_named_in_the_error(pristine, rdv_name, offset, value, m
 
 def test_truncated_segment_is_refused(pristine, rdv_name):
     path = segment_path(rdv_name)
-    with open(path, "xb") as f:
-        f.write(pristine[: len(pristine) // 2])
+    write_segment_file(path, pristine[: len(pristine) // 2])
     try:
         with pytest.raises(shmrdv.SegmentMismatch, match="size"):
             shmrdv.Rendezvous(rdv_name, create=False)
@@ -122,8 +120,7 @@ def test_an_old_layout_version_is_named_with_ours(pristine, rdv_name):
     raw = bytearray(pristine)
     raw[8:12] = (5).to_bytes(4, "little")  # the layout before waiter records
     path = segment_path(rdv_name)
-    with open(path, "xb") as f:
-        f.write(bytes(raw))
+    write_segment_file(path, bytes(raw))
     try:
         with pytest.raises(shmrdv.SegmentMismatch, match=r"layout version 5, this shmrdv uses version 6.*shmrdv rm"):
             shmrdv.Rendezvous(rdv_name, create=False)

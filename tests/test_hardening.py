@@ -1,6 +1,11 @@
-"""Inputs that used to escape the documented exceptions, and a bridge
-timeout too long for a timer: each now gets the documented error (or is
-clamped), with a message that names the problem."""
+"""Inputs that used to escape the documented exceptions, a bridge timeout
+too long for a timer, and segments another user could have planted: each
+now gets the documented error (or is clamped), with a message that names
+the problem."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -47,3 +52,32 @@ def test_a_bridge_recv_timeout_too_long_for_a_timer_waits_forever(timeout_ns):
     body = frame[-(8 + 3):]
     assert protocol.parse_recv(body) == ("key", -1)
     assert protocol.parse_recv(protocol.recv_request(1, b"key", 5_000)[-(8 + 3):]) == ("key", 5_000)
+
+
+def test_attach_refuses_a_segment_open_to_others_or_owned_by_another_user(rdv_name, tmp_path):
+    from .conftest import segment_path
+
+    path = segment_path(rdv_name)
+    shmrdv.Rendezvous(rdv_name, create=True, size=1 << 20).close()
+    try:
+        os.chmod(path, 0o666)  # squatted: another user could have made it so
+        with pytest.raises(PermissionError, match="mode 0666, open to group or others"):
+            shmrdv.Rendezvous(rdv_name)
+        os.chmod(path, 0o600)
+        os.chown(path, 12345, -1)  # pre-created by another user
+        with pytest.raises(PermissionError, match="owned by uid 12345"):
+            shmrdv.Rendezvous(rdv_name, create=False)
+        out = subprocess.run([sys.executable, "-m", "shmrdv", "ls"], capture_output=True, text=True, timeout=60).stdout
+        assert rdv_name in out and "owned by uid 12345" in out
+        os.chown(path, os.geteuid(), -1)
+        shmrdv.Rendezvous(rdv_name, create=False).close()  # ours again: fine
+    finally:
+        os.unlink(path)
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"")
+    os.symlink(target, path)
+    try:
+        with pytest.raises(PermissionError, match="symbolic link"):
+            shmrdv.Rendezvous(rdv_name, create=False)
+    finally:
+        os.unlink(path)
