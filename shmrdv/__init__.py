@@ -20,7 +20,7 @@ from .errors import (
     SegmentMismatch,
     TooManyKeys,
 )
-from .keys import ParsedKey, create_key, parse_key
+from .keys import DeviceName, ParsedKey, create_key, parse_key
 from .rendezvous import DEFAULT_SIZE, MAX_SIZE, Rendezvous
 from .stats import KeyInfo, ProcessInfo, Stats
 
@@ -66,6 +66,7 @@ __all__ = [
     "TooManyKeys",
     "connect",
     "create_key",
+    "DeviceName",
     "parse_key",
 ]
 

@@ -16,7 +16,7 @@ devices = st.builds(
 )
 edge_names = st.from_regex(r"[A-Za-z0-9_./-]{1,40}", fullmatch=True)
 incarnations = st.integers(0, 2**64 - 1)
-frame_iters = st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1))
+frame_iters = st.tuples(st.integers(0, 2**64 - 1), st.integers(-(2**63), 2**63 - 1))
 
 
 @given(src=devices, incarnation=incarnations, dst=devices, edge=edge_names, frame_iter=frame_iters)
@@ -26,36 +26,64 @@ def test_parse_inverts_create(src, incarnation, dst, edge, frame_iter):
     assert parsed.src_incarnation == incarnation
     assert parsed.dst_device == dst
     assert parsed.edge_name == edge
-    assert tuple(parsed.frame_iter) == frame_iter
+    assert parsed.frame_iter == f"{frame_iter[0]}:{frame_iter[1]}"
+    assert parsed.src.type in ("CPU", "GPU", "TPU") and parsed.src.job and parsed.src.id is not None
 
 
-def test_wire_format():
-    key = shmrdv.create_key(
-        "/job:w/replica:0/task:0/device:CPU:0", 1, "/job:w/replica:0/task:1/device:CPU:0", "edge_5_y", (0, 0)
-    )
-    assert key == "/job:w/replica:0/task:0/device:CPU:0;0000000000000001;/job:w/replica:0/task:1/device:CPU:0;edge_5_y;0:0"
+def test_tensorflows_key_case():
+    # rendezvous_test.cc, TEST(RendezvousTest, Key)
+    key = shmrdv.create_key("/job:mnist/replica:1/task:2/CPU:0", 7890, "/job:mnist/replica:1/task:2/device:GPU:0",
+                            "var0", (0, 0))
+    assert key == "/job:mnist/replica:1/task:2/CPU:0;0000000000001ed2;/job:mnist/replica:1/task:2/device:GPU:0;var0;0:0"
+    parsed = shmrdv.parse_key(key)
+    assert parsed.src_device == "/job:mnist/replica:1/task:2/CPU:0"
+    assert parsed.src_incarnation == 7890
+    assert parsed.src == shmrdv.DeviceName("mnist", 1, 2, "CPU", 0)
+    assert parsed.dst_device == "/job:mnist/replica:1/task:2/device:GPU:0"
+    assert parsed.dst.type == "GPU"
+    for bad in ("foo;bar;baz", "/job:mnist/replica:1/task:2/CPU:0;/job:mnist/replica:1/task:2/device:GPU:0;",
+                f"{key};{key}"):
+        with pytest.raises(shmrdv.InvalidArgument, match="invalid rendezvous key"):
+            shmrdv.parse_key(bad)
 
 
-def test_incarnation_is_16_lowercase_hex_digits_and_frame_iter_defaults_to_0_0():
-    assert shmrdv.create_key("/a", 0xDEADBEEF0BADF00D, "/b", "e") == "/a;deadbeef0badf00d;/b;e;0:0"
-    assert shmrdv.create_key("/a", 2**64 - 1, "/b", "e", (3, 17)) == "/a;ffffffffffffffff;/b;e;3:17"
+def test_create_key_writes_a_default_frame_and_iter_as_tensorflow_does():
+    assert shmrdv.create_key("/cpu:0", 0xDEADBEEF0BADF00D, "/gpu:1", "e") == \
+        "/cpu:0;deadbeef0badf00d;/gpu:1;e;18446744073709551615:-1"
+    assert shmrdv.create_key("", 2**64 - 1, "", "e", (3, 17)) == ";ffffffffffffffff;;e;3:17"
+    with pytest.raises(shmrdv.InvalidArgument, match="not a device name"):
+        shmrdv.create_key("foo", 1, "/cpu:0", "e")
+    with pytest.raises(shmrdv.InvalidArgument, match="iter_id"):
+        shmrdv.create_key("/cpu:0", 1, "/cpu:0", "e", (0, 2**63))
 
 
-@pytest.mark.parametrize(
-    "key",
-    [
-        "",
-        "no separators",
-        "/a;0000000000000001;/b;e",  # four fields
-        "/a;0000000000000001;/b;e;0:0;extra",  # six fields
-        "/a;not-hex-at-all;/b;e;0:0",  # incarnation is not hex
-        "/a;0000000000000001;/b;e;0-0",  # frame_iter without ':'
-        "/a;0000000000000001;/b;e;x:0",  # frame is not a number
-        "/a;0000000000000001;/b;e;0:",  # iter missing
-    ],
-)
-def test_malformed_key_raises_value_error(key):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("key", [
+    "/cpu:0;1ed2;/gpu:0;e;0:0",  # any number of hex digits ...
+    "/cpu:0;10000000000000001;/gpu:0;e;0:0",  # ... 17 of them too (read modulo 2**64)
+    ";0000000000000001;;e;0:0",  # empty device names
+    "/;1;/;e;anything at all",  # "/" names no device in particular; the fifth part is not read
+    "/job:w/replica:*/task:3/device:*;1;/job:a_1/device:TPU:*;e;0-0",
+    "/job:w/job:v;1;/device:CPU/task:2;e;",  # repeated parts, a device type with no id
+    "/CPU:1;1;/GPU:*;e;x:y",
+])
+def test_keys_tensorflow_accepts(key):
+    shmrdv.parse_key(key)
+
+
+@pytest.mark.parametrize("key", [
+    "", "no separators",
+    "/a;0000000000000001;/b;e",  # four parts
+    "/cpu:0;1;/cpu:0;e;0:0;extra",  # six parts
+    "/cpu:0;not-hex;/cpu:0;e;0:0", "/cpu:0;0x1;/cpu:0;e;0:0", "/cpu:0;;/cpu:0;e;0:0", "/cpu:0;+1;/cpu:0;e;0:0",
+    "foo;1;/cpu:0;e;0:0",  # not a device name
+    "/job:1w/replica:0;1;/cpu:0;e;0:0",  # a job name starts with a letter
+    "/task:x;1;/cpu:0;e;0:0", "/replica:-1;1;/cpu:0;e;0:0", "/device:CPU:x;1;/cpu:0;e;0:0",
+    "/cpu:0;1;/tpu:0;e;0:0", "/cpu:0;1;/cpu:0/;e;0:0",
+    "/cpu:0;1;/replica:99999999999999999999;e;0:0",  # more than 64 bits
+    "/cpu:0;1;/cpu:0;;0:0",  # empty edge name
+])
+def test_keys_tensorflow_refuses(key):
+    with pytest.raises(shmrdv.InvalidArgument, match="invalid rendezvous key"):
         shmrdv.parse_key(key)
 
 
