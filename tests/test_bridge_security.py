@@ -5,6 +5,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -199,3 +200,46 @@ def test_tls_round_trip(tmp_path):
             bridge.kill()
         for name in names:
             _remove_segment(name)
+
+
+def test_a_handshake_trickled_a_byte_at_a_time_is_dropped_at_its_deadline(tmp_path):
+    """The handshake has one deadline, not a timeout per read: a peer that
+    sends its AUTH one byte every 0.2 s (each read well within any per-read
+    timeout) is dropped once --handshake-timeout has passed."""
+    name = _new_name()
+    shmrdv.Rendezvous(name, size=4 * MiB, create=True).close()
+    bridge = BridgeProc(name, token_file=write_token(tmp_path / "token", TOKEN), log_path=str(tmp_path / "bridge.log"),
+                        extra=["--handshake-timeout", "1"]).start()
+    try:
+        sock = socket.create_connection((bridge.host, bridge.port), timeout=10)
+        reader = protocol.Reader(sock)
+        _cap, server_nonce = protocol.parse_hello(reader.expect(Frame.HELLO))
+        nonce = auth.nonce()
+        frame = protocol.auth(protocol.Role.CLIENT, 7, 1, nonce, auth.client_proof(TOKEN.encode(), server_nonce, nonce, 7, 1))
+        dropped = False
+        for i in range(len(frame) - 1):  # never the last byte: it must be the deadline that ends it
+            try:
+                sock.sendall(frame[i:i + 1])
+            except OSError:
+                dropped = True
+                break
+            time.sleep(0.2)
+            if i >= 25:  # 5 s in, well past the 1 s deadline: the bridge has closed its side
+                sock.settimeout(2)
+                try:
+                    dropped = sock.recv(1) == b""
+                except OSError:
+                    dropped = True
+                break
+        sock.close()
+        assert dropped, "a trickled handshake outlived its deadline"
+        assert "deadline passed" in bridge.logs()
+        still_serving_name(name, bridge)
+    finally:
+        bridge.kill()
+        _remove_segment(name)
+
+
+def still_serving_name(name, bridge):
+    with shmrdv.Rendezvous(name, create=False) as rdv:
+        still_serving(rdv, bridge)

@@ -17,6 +17,7 @@ import enum
 import math
 import socket
 import struct
+import time
 from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -412,12 +413,24 @@ class Reader:
         self._sock = sock
         self._hdr = bytearray(HEADER.size)
         self._hdr_view = memoryview(self._hdr)
+        # time.monotonic() by which every read must be done (the handshake's),
+        # or None: a peer trickling bytes cannot stretch a per-read timeout
+        self.deadline: Optional[float] = None
 
     def read_into(self, view: memoryview) -> None:
         sock = self._sock
         while view.nbytes:
+            if self.deadline is not None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise ConnectionLost("deadline passed while reading")
+                sock.settimeout(left)
             try:
                 n = sock.recv_into(view)
+            except TimeoutError as exc:
+                if self.deadline is not None:
+                    raise ConnectionLost("deadline passed while reading") from exc
+                raise ConnectionLost(f"connection failed: {exc}") from exc
             except OSError as exc:
                 raise ConnectionLost(f"connection failed: {exc}") from exc
             if n == 0:

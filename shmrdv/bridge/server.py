@@ -11,6 +11,7 @@ acknowledges it, and goes back under its key if the connection drops first.
 import logging
 import socket
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -41,8 +42,10 @@ class Inbound:
     """One accepted connection, served on its own thread until it closes."""
 
     def __init__(self, sock: socket.socket, peer: str, rdv: Rendezvous, origins: Origins, token: bytes,
-                 on_abort: Callable[[str], None], max_message: int) -> None:
+                 on_abort: Callable[[str], None], max_message: int,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
         self.sock, self.peer, self.rdv = sock, peer, rdv
+        self._handshake_timeout = handshake_timeout
         self._origins, self._token, self._on_abort = origins, token, on_abort
         self._max_message = max_message
         self._send_lock = threading.Lock()
@@ -90,8 +93,11 @@ class Inbound:
     # ---- handshake ---------------------------------------------------------
 
     def _handshake(self) -> None:
-        self.sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        # One deadline for the whole handshake, not a timeout per read: a peer
+        # that trickles its AUTH a byte at a time is dropped all the same.
+        self.sock.settimeout(self._handshake_timeout)
         reader = self._reader = protocol.Reader(self.sock)
+        reader.deadline = time.monotonic() + self._handshake_timeout
         server_nonce = auth.nonce()
         self.send(protocol.hello(self._max_message, server_nonce))
         role, origin, first_seq, client_nonce, proof = protocol.parse_auth(reader.expect(Frame.AUTH))
@@ -104,6 +110,7 @@ class Inbound:
         o = self._origin = self._origins.acquire(origin, first_seq)
         self.role = role
         self.send(protocol.welcome(auth.server_proof(self._token, server_nonce, client_nonce), o.base, o.bits))
+        reader.deadline = None
         self.sock.settimeout(None)
         log.info("%s connected as %s (origin %016x)", self.peer, role.name.lower(), origin)
 

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import outbox
 from .link import Link, LinkSettings
-from .server import Inbound
+from .server import HANDSHAKE_TIMEOUT_S, Inbound
 from .dedupe import Origins
 from .link_marks import INBOUND_MARKS, LinkMarks
 from .. import limits
@@ -46,7 +46,7 @@ class Bridge:
     def __init__(self, rdv: Rendezvous, listen: Tuple[str, int], token: bytes = b"",
                  tls: Optional[ssl.SSLContext] = None, tls_ca: Optional[str] = None,
                  routes: Optional[Dict[str, str]] = None, settings: Optional[LinkSettings] = None,
-                 drain_timeout: float = 10.0) -> None:
+                 drain_timeout: float = 10.0, handshake_timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
         host, _port = listen
         if not token and not is_loopback(host):
             raise InvalidArgument(f"refusing to listen on {host}, which is not loopback, without a token")
@@ -57,6 +57,7 @@ class Bridge:
         self._tls_ca = tls_ca
         self._settings = settings or LinkSettings()
         self._drain_timeout = drain_timeout
+        self._handshake_timeout = handshake_timeout
         self._origins = Origins(rdv, INBOUND_MARKS)
         self._link_marks = LinkMarks(rdv)
         self._recovered: Dict[Tuple[str, bytes, Optional[str]], List[Tuple[outbox.Envelope, Any]]] = {}
@@ -154,7 +155,8 @@ class Bridge:
                 log.warning("dropped %s: TLS handshake failed: %s", peer, exc)
                 conn.close()
                 return
-        handler = Inbound(conn, peer, self.rdv, self._origins, self._token, self._peer_abort, self.rdv.capacity)
+        handler = Inbound(conn, peer, self.rdv, self._origins, self._token, self._peer_abort, self.rdv.capacity,
+                          self._handshake_timeout)
         with self._lock:
             self._inbound.append(handler)
         try:

@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from ..bridge import auth, protocol
 from ..bridge.link import LinkSettings
+from ..bridge.server import HANDSHAKE_TIMEOUT_S
 from ..bridge.service import Bridge, is_loopback, log
 from ..errors import InvalidArgument
 from ..rendezvous import unlink_segment
@@ -30,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a remote task and its bridge; told about aborts (sends carry their own routes)")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds a message may wait for an unreachable bridge before the rendezvous is aborted (0: forever)")
     p.add_argument("--drain-timeout", type=float, default=10.0, help="seconds to wait for acknowledgements when stopping")
+    p.add_argument("--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT_S,
+                   help="seconds a connection has to authenticate, all of its handshake together")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -67,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     host, port, token, routes, tls = _configuration(args)
     rdv = open_showing_progress(args.name, args.size)
     settings = LinkSettings(deadline=args.deadline or None)
-    bridge = Bridge(rdv, (host, port), token, tls, args.tls_ca, routes, settings, args.drain_timeout)
+    bridge = Bridge(rdv, (host, port), token, tls, args.tls_ca, routes, settings, args.drain_timeout,
+                    args.handshake_timeout)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
