@@ -243,3 +243,39 @@ def test_a_handshake_trickled_a_byte_at_a_time_is_dropped_at_its_deadline(tmp_pa
 def still_serving_name(name, bridge):
     with shmrdv.Rendezvous(name, create=False) as rdv:
         still_serving(rdv, bridge)
+
+
+def test_a_flood_of_silent_connections_does_not_lock_a_client_out(tmp_path):
+    """600 connections from one address that never authenticate: the bridge
+    serves at most --max-per-address of them (here 16) and closes the rest at
+    once, so a client from another address is served while they stay open."""
+    name = _new_name()
+    shmrdv.Rendezvous(name, size=4 * MiB, create=True).close()
+    bridge = BridgeProc(name, token_file=write_token(tmp_path / "token", TOKEN), log_path=str(tmp_path / "bridge.log"),
+                        extra=["--max-per-address", "16", "--handshake-timeout", "30"]).start()
+    hostile = []
+    try:
+        for _ in range(600):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))  # another loopback address than the client's
+            s.connect((bridge.host, bridge.port))
+            hostile.append(s)
+        with shmrdv.connect(f"tcp://127.0.0.1:{bridge.port}", token=TOKEN) as remote:
+            remote.send("served", np.arange(3))
+        with shmrdv.Rendezvous(name, create=False) as rdv:
+            assert np.array_equal(rdv.recv("served", timeout=10), np.arange(3))
+        time.sleep(0.5)
+        closed = 0
+        for s in hostile:
+            s.setblocking(False)
+            try:
+                closed += s.recv(1) == b""
+            except BlockingIOError:
+                pass  # still open: one of the 16 the bridge serves until their deadline
+        assert closed >= 600 - 16, closed
+        assert "refusing a connection from 127.0.0.2" in bridge.logs()
+    finally:
+        for s in hostile:
+            s.close()
+        bridge.kill()
+        _remove_segment(name)

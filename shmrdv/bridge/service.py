@@ -17,6 +17,11 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import outbox
 from .link import Link, LinkSettings
 from .server import HANDSHAKE_TIMEOUT_S, Inbound
+
+MAX_CONNECTIONS = 1024
+"""Connections a bridge serves at once, by default (--max-connections)."""
+MAX_PER_ADDRESS = 64
+"""Connections from one peer address a bridge serves at once, by default (--max-per-address)."""
 from .dedupe import Origins
 from .link_marks import INBOUND_MARKS, LinkMarks
 from .. import limits
@@ -46,7 +51,8 @@ class Bridge:
     def __init__(self, rdv: Rendezvous, listen: Tuple[str, int], token: bytes = b"",
                  tls: Optional[ssl.SSLContext] = None, tls_ca: Optional[str] = None,
                  routes: Optional[Dict[str, str]] = None, settings: Optional[LinkSettings] = None,
-                 drain_timeout: float = 10.0, handshake_timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
+                 drain_timeout: float = 10.0, handshake_timeout: float = HANDSHAKE_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS, max_per_address: int = MAX_PER_ADDRESS) -> None:
         host, _port = listen
         if not token and not is_loopback(host):
             raise InvalidArgument(f"refusing to listen on {host}, which is not loopback, without a token")
@@ -58,6 +64,13 @@ class Bridge:
         self._settings = settings or LinkSettings()
         self._drain_timeout = drain_timeout
         self._handshake_timeout = handshake_timeout
+        # accepted connections, in all and per peer address (limits against
+        # a flood of connections that never authenticate)
+        self._max_connections, self._max_per_address = max_connections, max_per_address
+        self._connections: Dict[str, int] = {}
+        self._connected = 0
+        self._refused = 0
+        self._refused_logged = 0.0
         self._origins = Origins(rdv, INBOUND_MARKS)
         self._link_marks = LinkMarks(rdv)
         self._recovered: Dict[Tuple[str, bytes, Optional[str]], List[Tuple[outbox.Envelope, Any]]] = {}
@@ -143,8 +156,44 @@ class Bridge:
                 time.sleep(0.05)  # e.g. out of file descriptors: back off, keep serving
                 continue
             peer = f"{addr[0]}:{addr[1]}"
+            if not self._admit(addr[0]):
+                conn.close()
+                continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve_one, args=(conn, peer), name=f"shmrdv-peer-{peer}", daemon=True).start()
+            threading.Thread(target=self._serve_counted, args=(conn, peer, addr[0]), name=f"shmrdv-peer-{peer}",
+                             daemon=True).start()
+
+    def _admit(self, address: str) -> bool:
+        """Count a new connection from address in, unless it is one too many
+        (in all, or from that address); a refusal is logged at most once a second."""
+        with self._lock:
+            if self._connected < self._max_connections and self._connections.get(address, 0) < self._max_per_address:
+                self._connected += 1
+                self._connections[address] = self._connections.get(address, 0) + 1
+                return True
+            self._refused += 1
+            now = time.monotonic()
+            if now - self._refused_logged < 1.0:
+                return False
+            self._refused_logged = now
+            refused, connected = self._refused, self._connected
+            from_there = self._connections.get(address, 0)
+        log.warning("refusing a connection from %s: %d open from there (at most %d), %d in all (at most %d); "
+                    "%d refused so far", address, from_there, self._max_per_address, connected,
+                    self._max_connections, refused)
+        return False
+
+    def _serve_counted(self, conn: socket.socket, peer: str, address: str) -> None:
+        try:
+            self._serve_one(conn, peer)
+        finally:
+            with self._lock:
+                self._connected -= 1
+                left = self._connections[address] - 1
+                if left:
+                    self._connections[address] = left
+                else:
+                    del self._connections[address]
 
     def _serve_one(self, conn: socket.socket, peer: str) -> None:
         if self._tls is not None:

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 from ..bridge import auth, protocol
 from ..bridge.link import LinkSettings
 from ..bridge.server import HANDSHAKE_TIMEOUT_S
-from ..bridge.service import Bridge, is_loopback, log
+from ..bridge.service import MAX_CONNECTIONS, MAX_PER_ADDRESS, Bridge, is_loopback, log
 from ..errors import InvalidArgument
 from ..rendezvous import unlink_segment
 from ..segments import others
@@ -33,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain-timeout", type=float, default=10.0, help="seconds to wait for acknowledgements when stopping")
     p.add_argument("--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT_S,
                    help="seconds a connection has to authenticate, all of its handshake together")
+    p.add_argument("--max-connections", type=positive_int, default=MAX_CONNECTIONS,
+                   help="connections served at once; more are closed at once")
+    p.add_argument("--max-per-address", type=positive_int, default=MAX_PER_ADDRESS,
+                   help="connections from one peer address served at once; more are closed at once")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     rdv = open_showing_progress(args.name, args.size)
     settings = LinkSettings(deadline=args.deadline or None)
     bridge = Bridge(rdv, (host, port), token, tls, args.tls_ca, routes, settings, args.drain_timeout,
-                    args.handshake_timeout)
+                    args.handshake_timeout, args.max_connections, args.max_per_address)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
