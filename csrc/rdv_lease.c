@@ -57,9 +57,7 @@ struct chain {
  * so plain reads are enough. */
 static const char *leased_key(rdv_t *h, struct rdv_msg *m, uint32_t who, uint32_t *key_len) {
     uint64_t len;
-    if (!rdv_block_at(h, m->pos, &len) || !rdv_msg_leased_by(m, who) || m->ndim > RDV_NDIM_MAX ||
-        m->key_len == 0 || m->key_len > RDV_KEY_MAX ||
-        sizeof *m + 16ull * m->ndim + m->key_len > m->payload_off)
+    if (!rdv_block_at(h, m->pos, &len) || !rdv_msg_leased_by(m, who) || !rdv_msg_key_fits(m, m->payload_off))
         return NULL; /* rdv_block_at checked payload_off against the block length */
     *key_len = m->key_len;
     return rdv_msg_key(m);

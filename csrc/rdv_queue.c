@@ -47,8 +47,7 @@ int rdv_queue_link(rdv_t *h, uint64_t pos) {
     if (!m)
         return -EINVAL;
     /* the header is ours, but it lives in shared memory: bound what we read */
-    if (m->key_len == 0 || m->key_len > RDV_KEY_MAX || m->ndim > RDV_NDIM_MAX ||
-        sizeof *m + 16ull * m->ndim + m->key_len > len)
+    if (!rdv_msg_key_fits(m, len))
         return -EBADMSG;
     uint32_t idx;
     int rc = rdv_index_acquire(h, rdv_msg_key(m), m->key_len, 1, &idx);
@@ -204,8 +203,7 @@ static int handed_to_me(const rdv_t *h, struct rdv_msg *m) {
 int rdv_queue_take(rdv_t *h, uint32_t granule, int leased, struct rdv_msg_info *out) {
     uint64_t len;
     struct rdv_msg *m = rdv_queued_msg(h, granule + 1, &len);
-    if (!m || m->key_len == 0 || m->key_len > RDV_KEY_MAX || m->ndim > RDV_NDIM_MAX ||
-        sizeof *m + 16ull * m->ndim + m->key_len > len)
+    if (!m || !rdv_msg_key_fits(m, len))
         return -EBADMSG;
     /* The sender stores DELIVERED a few stores after deciding us: a short
      * spin sees it without touching the key's lock */
@@ -232,9 +230,7 @@ int rdv_queue_give_back(rdv_t *h, uint64_t pos) {
     uint64_t len;
     struct rdv_msg *m = rdv_block_at(h, pos, &len);
     /* relaxed: our own view's header */
-    if (!m || READ_ONCE(m->stage) != RDV_MSG_DELIVERED || m->owner != h->me + 1 ||
-        m->key_len == 0 || m->key_len > RDV_KEY_MAX || m->ndim > RDV_NDIM_MAX ||
-        sizeof *m + 16ull * m->ndim + m->key_len > len)
+    if (!m || READ_ONCE(m->stage) != RDV_MSG_DELIVERED || m->owner != h->me + 1 || !rdv_msg_key_fits(m, len))
         return -EINVAL;
     /* Leased first: if we die from here on, the message goes back to its
      * key anyway (rdv_lease.c, or the repair of the slot we hold). */
@@ -278,8 +274,7 @@ void rdv_queue_requeue(struct rdv_msg *m) {
 }
 
 static int key_matches(rdv_t *h, const struct rdv_msg *m, uint64_t len, const struct rdv_slot *s) {
-    if (m->ndim > RDV_NDIM_MAX || m->key_len == 0 || m->key_len > RDV_KEY_MAX ||
-        m->key_len != s->key_len || sizeof *m + 16ull * m->ndim + m->key_len > len)
+    if (!rdv_msg_key_fits(m, len) || m->key_len != s->key_len)
         return 0;
     uint64_t h1, h2;
     rdv_hash_key(h, rdv_msg_key(m), m->key_len, &h1, &h2);

@@ -14,7 +14,14 @@
 
 /* Metadata bytes before a payload; keeps room for the u64 position copy. */
 uint64_t rdv_meta_bytes(uint32_t ndim, uint32_t key_len);
-/* The key bytes a message block carries (its header checked by the caller). */
+/* Whether message m's header names a key and dimensions that fit within
+ * `room` bytes of its block (its length, or its payload offset): read from
+ * shared memory, so checked before rdv_msg_key is used. */
+static inline int rdv_msg_key_fits(const struct rdv_msg *m, uint64_t room) {
+    return m->key_len != 0 && m->key_len <= RDV_KEY_MAX && m->ndim <= RDV_NDIM_MAX &&
+           sizeof *m + 16ull * m->ndim + m->key_len <= room;
+}
+/* The key bytes a message block carries (checked with rdv_msg_key_fits). */
 static inline const char *rdv_msg_key(const struct rdv_msg *m) {
     return (const char *)(m + 1) + 16ull * m->ndim;
 }
