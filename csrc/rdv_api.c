@@ -137,8 +137,9 @@ static int try_pop(rdv_t *h, const char *key, uint32_t key_len, uint32_t flags,
 }
 
 /* n waiter records. With the arena too full for a slab of them, a message
- * that is already queued is better than waiting for room (*got then says
- * so: rc 0 and out filled, by try, which may be NULL). */
+ * that is already queued is better than waiting for room: *got then says
+ * so, out filled by try (which may be NULL), and rc is try's (0, or a
+ * recv_any's which + 1). */
 static int alloc_waiters(rdv_t *h, uint32_t n, uint32_t *links, int64_t timeout_ns,
                          int (*try)(rdv_t *, const void *, uint32_t, struct rdv_msg_info *),
                          const void *arg, uint32_t flags, struct rdv_msg_info *out, int *got) {
@@ -231,6 +232,21 @@ static int await_decision(rdv_t *h, struct rdv_waiter *l, int64_t timeout_ns) {
     }
 }
 
+/* Which of the group's keys record `link` waits on: its place in the group
+ * (records are chained in key order), RDV_ANY_MAX if it is not in it. */
+static uint32_t group_index(rdv_t *h, uint32_t leader, uint32_t link) {
+    uint32_t i = 0;
+    for (uint32_t r = leader; r && i < RDV_ANY_MAX; i++) {
+        struct rdv_waiter *w = rdv_waiter_at(h, r);
+        if (r == link)
+            return i;
+        if (!w || !rdv_waiter_ours(h, r))
+            break;
+        r = w->sibling;
+    }
+    return RDV_ANY_MAX;
+}
+
 /* A decided group: take the message a send handed it, end the group. */
 static int complete(rdv_t *h, uint32_t leader, uint32_t flags, uint32_t *which,
                     struct rdv_msg_info *out) {
@@ -240,9 +256,10 @@ static int complete(rdv_t *h, uint32_t leader, uint32_t flags, uint32_t *which,
     int rc = -EBADMSG;
     if (RDV_WAITER_KIND(st) == RDV_WAITER_HANDED) {
         rc = rdv_queue_take(h, RDV_WAITER_GRANULE(st), (flags & RDV_RECV_LEASED) != 0, out);
-        struct rdv_waiter *won = rdv_waiter_at(h, l->won);
-        if (which)
-            *which = won ? won->key_index : 0;
+        if (rc == 0 && which && (*which = group_index(h, leader, l->won)) == RDV_ANY_MAX) {
+            rdv_arena_free(h, out->pos); /* handed through no record of ours: damage */
+            rc = -EBADMSG;
+        }
         if (rc == 0 && rdv_is_aborted(h)) {
             rdv_arena_free(h, out->pos); /* abort fails every receive */
             rc = -ECONNABORTED;
@@ -279,8 +296,13 @@ static int after_wait(rdv_t *h, int rc, uint32_t *waiter, uint32_t flags, uint32
     return rc;
 }
 
+struct one_key {
+    const char *key;
+    uint32_t len;
+};
+
 static int try_pop_key(rdv_t *h, const void *arg, uint32_t flags, struct rdv_msg_info *out) {
-    const struct { const char *key; uint32_t len; } *k = arg;
+    const struct one_key *k = arg;
     return try_pop(h, k->key, k->len, flags, out);
 }
 
@@ -308,7 +330,7 @@ static int do_recv_start(rdv_t *h, const char *key, uint32_t key_len, int64_t ti
         /* No record at hand: allocate one with no lock held (a slab may be
          * needed, or room for one), then look again. */
         int got;
-        struct { const char *key; uint32_t len; } k = {key, key_len};
+        struct one_key k = {key, key_len};
         rc = alloc_waiters(h, 1, &link, timeout_ns, try_pop_key, &k, flags, out, &got);
         if (rc == -ETIMEDOUT && async)
             rc = -ENOBUFS; /* an async start waits for no room */
@@ -398,7 +420,6 @@ static int do_recv_any_start(rdv_t *h, const char *keys, const uint32_t *key_len
     for (uint32_t i = 0; i < nkeys; i++) {
         struct rdv_waiter *w = rdv_waiter_at(h, links[i]);
         w->group = leader;
-        w->key_index = i;
         w->sibling = i + 1 < nkeys ? links[i + 1] : 0;
         w->flags = async ? RDV_WAITER_ASYNC : 0;
     }

@@ -310,9 +310,8 @@ struct rdv_waiter {
     /* Leader only: the record a send handed its message through, written
      * (under that record's slot lock) before the message is DELIVERED. */
     uint32_t won;
-    uint32_t key_index; /* which of the group's keys this record waits on */
-    uint32_t sibling;   /* the group's next record, 0 at the end (owner only) */
-    uint8_t pad[RDV_LINE - 44];
+    uint32_t sibling;   /* the group's next record, in key order; 0 at the end (owner only) */
+    uint8_t pad[RDV_LINE - 40];
 };
 
 /* The second granule of a slab. */

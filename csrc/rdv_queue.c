@@ -41,6 +41,19 @@ struct rdv_msg *rdv_queue_writing(rdv_t *h, uint64_t pos, uint32_t who, uint64_t
     return m && READ_ONCE(m->stage) == RDV_MSG_WRITING && READ_ONCE(m->owner) == who ? m : NULL;
 }
 
+/* With slot idx locked and a message just queued: hand messages to its
+ * waiters, release the slot, then wake the first receiver served (after
+ * the unlock: a receiver that preempts us finds the lock free). */
+static void serve_and_release(rdv_t *h, uint32_t idx) {
+    struct rdv_wake wk = {0};
+    if (h->kslots[idx].w_head) {
+        rdv_queue_serve(h, idx, &wk);
+        rdv_index_maybe_delete(h, idx); /* handed over: the key may hold nothing now */
+    }
+    rdv_index_release(h, idx);
+    rdv_waiter_wake_now(&wk);
+}
+
 int rdv_queue_link(rdv_t *h, uint64_t pos) {
     uint64_t len;
     struct rdv_msg *m = rdv_queue_writing(h, pos, h->me + 1, &len);
@@ -75,13 +88,7 @@ int rdv_queue_link(rdv_t *h, uint64_t pos) {
     s->q_tail = g;
     s->count++;
     m->owner = 0;
-    struct rdv_wake wk = {0};
-    if (s->w_head) {
-        rdv_queue_serve(h, idx, &wk);
-        rdv_index_maybe_delete(h, idx); /* handed over: the key may hold nothing now */
-    }
-    rdv_index_release(h, idx);
-    rdv_waiter_wake_now(&wk); /* after the unlock: a receiver that preempts us finds the lock free */
+    serve_and_release(h, idx);
     return 0;
 }
 
@@ -113,7 +120,7 @@ static int hand_head(rdv_t *h, uint32_t idx, struct rdv_wake *wk) {
             rdv_waiter_rebuild(h, idx, 0); /* damage: a head out of range */
             continue;
         }
-        uint32_t l_link = rdv_waiter_at(h, w->group) ? w->group : w_link;
+        uint32_t l_link = rdv_waiter_leader_link(h, w, w_link);
         struct rdv_waiter *leader = rdv_waiter_at(h, l_link);
         if (!rdv_waiter_decide(leader, RDV_WAITER_HANDED | (g - 1))) {
             rdv_waiter_unlink(h, idx, w_link); /* withdrawn, or served by another key */
@@ -253,13 +260,7 @@ int rdv_queue_give_back(rdv_t *h, uint64_t pos) {
         s->q_tail = g;
     s->count++;
     rdv_queue_requeue(m);
-    struct rdv_wake wk = {0};
-    if (s->w_head) {
-        rdv_queue_serve(h, idx, &wk);
-        rdv_index_maybe_delete(h, idx); /* handed over: the key may hold nothing now */
-    }
-    rdv_index_release(h, idx);
-    rdv_waiter_wake_now(&wk);
+    serve_and_release(h, idx);
     return 0;
 }
 
@@ -302,7 +303,7 @@ static void finish_decided(rdv_t *h, uint32_t idx) {
         struct rdv_waiter *w = rdv_waiter_at(h, link);
         if (!w)
             return;
-        uint32_t l_link = rdv_waiter_at(h, w->group) ? w->group : link;
+        uint32_t l_link = rdv_waiter_leader_link(h, w, link);
         struct rdv_waiter *leader = rdv_waiter_at(h, l_link);
         /* relaxed: decided already; only its owner frees it, once unlinked */
         uint32_t st = READ_ONCE(leader->state);
@@ -392,7 +393,7 @@ static void wake_waiters(rdv_t *h, struct rdv_slot *s) {
         if (!w)
             return;
         struct rdv_wake wk; /* linked: safe to prepare, and woken under the lock */
-        rdv_waiter_wake_prepare(h, rdv_waiter_at(h, w->group) ? w->group : link, &wk);
+        rdv_waiter_wake_prepare(h, rdv_waiter_leader_link(h, w, link), &wk);
         rdv_waiter_wake_now(&wk);
         link = w->next;
     }

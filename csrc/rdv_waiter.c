@@ -121,7 +121,7 @@ static void take_free(rdv_t *h, uint32_t n, uint32_t *links) {
         w->group = link;
         w->next = w->prev = w->slot = 0;
         w->flags = 0;
-        w->won = w->key_index = w->sibling = 0;
+        w->won = w->sibling = 0;
         w->sleeping = 0;
         /* relaxed: nobody else reaches the record until it is linked
          * (under a slot lock, which publishes it) */
@@ -219,11 +219,11 @@ int rdv_waiter_unlink(rdv_t *h, uint32_t idx, uint32_t link) {
     return member;
 }
 
-/* Whether record w still waits: linked here, its group undecided. */
-static int still_waiting(rdv_t *h, struct rdv_waiter *w, uint32_t idx, uint32_t drop) {
+/* Whether record w (at link) still waits: linked here, its group undecided. */
+static int still_waiting(rdv_t *h, struct rdv_waiter *w, uint32_t link, uint32_t idx, uint32_t drop) {
+    struct rdv_waiter *leader = rdv_waiter_at(h, rdv_waiter_leader_link(h, w, link));
     /* relaxed: the state is re-read by whoever decides it, with a CAS */
-    return w->slot == idx + 1 && w->owner != drop &&
-           READ_ONCE(rdv_waiter_leader(h, w)->state) == RDV_WAITER_WAITING;
+    return w->slot == idx + 1 && w->owner != drop && READ_ONCE(leader->state) == RDV_WAITER_WAITING;
 }
 
 void rdv_waiter_rebuild(rdv_t *h, uint32_t idx, uint32_t drop) {
@@ -235,7 +235,7 @@ void rdv_waiter_rebuild(rdv_t *h, uint32_t idx, uint32_t drop) {
         if (!w)
             break; /* the chain is broken here */
         uint32_t next = w->next;
-        if (still_waiting(h, w, idx, drop)) {
+        if (still_waiting(h, w, link, idx, drop)) {
             struct rdv_waiter *t = rdv_waiter_at(h, tail);
             if (t)
                 t->next = link;

@@ -22,10 +22,11 @@ static inline uint64_t rdv_waiter_walk_max(const rdv_t *h) {
     return (uint64_t)h->granules + RDV_MAX_PROCS * RDV_SLAB_GRANULES;
 }
 
-/* The leader of w's group: the record whose state decides the wait. */
-static inline struct rdv_waiter *rdv_waiter_leader(const rdv_t *h, struct rdv_waiter *w) {
-    struct rdv_waiter *l = rdv_waiter_at(h, w->group);
-    return l ? l : w;
+/* The link of the leader of w's group (w's own link is `link`): the
+ * record whose state decides the wait; w itself if its group link is out
+ * of range (damage). */
+static inline uint32_t rdv_waiter_leader_link(const rdv_t *h, const struct rdv_waiter *w, uint32_t link) {
+    return rdv_waiter_at(h, w->group) ? w->group : link;
 }
 
 /* n records of ours, not linked anywhere, into links[]: state WAITING, a
