@@ -205,14 +205,19 @@ class Completions:
         rc = lib.rdv_recv_wait(self._h, waiter, 0, 0, which, info)
         if waiter[0]:
             return  # still waiting: a stale hint
+        self._settle_locked(fut, rc, rc == 0, info, which)
+        done.append(fut)
+
+    def _settle_locked(self, fut: RecvFuture, rc: int, got: bool, info: Any, which: Any) -> None:
+        """fut's waiter has ended: forget it, and finish fut with the message
+        it took (got) or with rc's error (rc < 0); neither: it was withdrawn."""
         del self._futures[fut._waiter]
         _count(-1)
-        if rc == 0:
+        if got:
             self._hold(fut, info, int(which[0]))
             fut._finish()
-        else:
+        elif rc < 0:
             fut._finish(self._rdv._error(rc, self._what(fut)))
-        done.append(fut)
 
     def _what(self, fut: RecvFuture) -> str:
         return "recv_any" if fut._keys is not None else "recv_async"
@@ -251,13 +256,7 @@ class Completions:
             info = ffi.new("struct rdv_msg_info *")
             which = ffi.new("uint32_t *")
             rc = lib.rdv_recv_cancel(self._h, ffi.new("uint32_t *", fut._waiter), 0, which, info)
-            del self._futures[fut._waiter]
-            _count(-1)
-            if rc == 1:
-                self._hold(fut, info, int(which[0]))
-                fut._finish()
-            elif rc < 0:
-                fut._finish(self._rdv._error(rc, self._what(fut)))
+            self._settle_locked(fut, rc, rc == 1, info, which)
         if rc != 0:
             fut._run_callbacks()
             return False
