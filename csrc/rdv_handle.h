@@ -43,6 +43,7 @@ struct rdv {
     int64_t refs;       /* the owner's + one per call in flight + one per live payload */
     uint32_t closed;
     struct rdv *next_retired;
+    struct rdv *next_mapped, *prev_mapped; /* rdv_open.c's list of mapped handles */
     int fd;             /* the segment file, kept open: it carries our byte lock */
     uint32_t me;        /* our process entry; lock words hold me + 1 */
     /* One mark change at a time: our entry has one mark record. */

@@ -31,26 +31,57 @@ static int register_handle(rdv_t *h) {
     return rc;
 }
 
+/* Mapped handles, for the fork child (forget_inherited): process-local. */
+static pthread_mutex_t mapped_lock = PTHREAD_MUTEX_INITIALIZER;
+static rdv_t *mapped;
+
+static void add_mapped(rdv_t *h) {
+    pthread_mutex_lock(&mapped_lock);
+    h->prev_mapped = NULL;
+    h->next_mapped = mapped;
+    if (mapped)
+        mapped->prev_mapped = h;
+    mapped = h;
+    pthread_mutex_unlock(&mapped_lock);
+}
+
+static void drop_mapped(rdv_t *h) {
+    pthread_mutex_lock(&mapped_lock);
+    if (h->prev_mapped)
+        h->prev_mapped->next_mapped = h->next_mapped;
+    else
+        mapped = h->next_mapped;
+    if (h->next_mapped)
+        h->next_mapped->prev_mapped = h->prev_mapped;
+    pthread_mutex_unlock(&mapped_lock);
+}
+
+/* Before the lock byte of our entry is taken: a fork from then on must find
+ * the handle in the list. */
+static int open_done(rdv_t *h) {
+    add_mapped(h);
+    int rc = register_handle(h);
+    if (rc < 0) {
+        drop_mapped(h);
+        rdv_segment_discard(h);
+    }
+    return rc;
+}
+
 int rdv_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out) {
     int rc = rdv_segment_create(fd, arena_size, max_keys, out);
     if (rc < 0)
         return rc;
     rdv_arena_init(*out);
-    rdv_segment_publish(*out);
-    rc = register_handle(*out);
-    if (rc < 0)
-        rdv_segment_discard(*out);
-    return rc;
+    rdv_segment_publish(*out, fd);
+    return open_done(*out);
 }
 
 int rdv_attach(int fd, rdv_t **out) {
     int rc = rdv_segment_attach(fd, out);
     if (rc < 0)
         return rc;
-    rc = register_handle(*out);
-    if (rc < 0)
-        rdv_segment_discard(*out);
-    return rc;
+    return open_done(*out);
 }
 
 /* Closed handles stay allocated (see rdv_get) and reachable from here. */
@@ -72,9 +103,24 @@ static pid_t current_pid;
 
 static void refresh_pid(void) { current_pid = rdv_pid(); }
 
+static void before_fork(void) { pthread_mutex_lock(&mapped_lock); }
+
+static void after_fork_in_parent(void) { pthread_mutex_unlock(&mapped_lock); }
+
+/* Every handle in a fork child is its parent's: the child must not keep the
+ * parent's liveness, which lives on the handles' lock file descriptions
+ * (shared across fork) and would outlive the parent while the child runs. */
+static void forget_inherited(void) {
+    refresh_pid();
+    for (rdv_t *h = mapped; h; h = h->next_mapped)
+        rdv_segment_drop_locks(h);
+    mapped = NULL;
+    pthread_mutex_unlock(&mapped_lock);
+}
+
 __attribute__((constructor)) static void watch_forks(void) {
     refresh_pid();
-    pthread_atfork(NULL, NULL, refresh_pid);
+    pthread_atfork(before_fork, after_fork_in_parent, forget_inherited);
 }
 
 /* A handle inherited through fork belongs to the parent: its entry, its
@@ -104,6 +150,7 @@ void rdv_put(rdv_t *h) {
         rdv_recover_own(h); /* frees our waiter slabs too */
         rdv_waiter_pool_drop(h);
         rdv_live_release(h);
+        drop_mapped(h);
         rdv_segment_unmap(h);
     }
 }

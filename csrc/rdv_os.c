@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -134,9 +135,20 @@ const void *rdv_map_readonly(int fd, size_t len, int *err) {
 
 void rdv_unmap(const void *p, size_t len) { munmap((void *)p, len); }
 
-int rdv_dup(int fd) {
-    int d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    return d < 0 ? -errno : d;
+int rdv_reopen(int fd) {
+    /* A new open file description needs an open(); /proc/self/fd reaches the
+     * very file fd names, even unlinked, and no other one (checked below). */
+    char path[40];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int d = open(path, O_RDWR | O_CLOEXEC);
+    if (d < 0)
+        return -errno;
+    struct stat a, b;
+    if (fstat(fd, &a) < 0 || fstat(d, &b) < 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+        close(d);
+        return -ESTALE;
+    }
+    return d;
 }
 
 void rdv_close_fd(int fd) { close(fd); }

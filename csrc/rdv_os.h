@@ -39,8 +39,9 @@ void *rdv_map(int fd, size_t len, int fresh, int *err);
 /* Map len bytes of fd read-only (to read a header), NULL on failure. */
 const void *rdv_map_readonly(int fd, size_t len, int *err);
 void rdv_unmap(const void *p, size_t len);
-/* A duplicate of fd, close-on-exec, or -errno. */
-int rdv_dup(int fd);
+/* fd's file opened again, close-on-exec: a new open file description, whose
+ * F_OFD locks are its own (a dup would share fd's), or -errno. */
+int rdv_reopen(int fd);
 void rdv_close_fd(int fd);
 void rdv_random(void *buf, size_t len);
 

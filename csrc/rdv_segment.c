@@ -52,8 +52,11 @@ static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
     h->pid = rdv_pid();
     pthread_mutex_init(&h->mark_lock, NULL);
     pthread_mutex_init(&h->waiter_lock, NULL);
-    /* our own descriptor: it carries our process-table byte lock */
-    h->fd = rdv_dup(fd);
+    /* Our own open file description, for the process-table byte locks
+     * alone: the mapping holds fd's (the caller's) until it is unmapped, and
+     * a forked child inherits both, but it closes this one (rdv_open.c), so
+     * our locks die with us however long the child lives. */
+    h->fd = rdv_reopen(fd);
     if (h->fd < 0) {
         int e = h->fd;
         rdv_unmap(base, l->total);
@@ -66,7 +69,13 @@ static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
 
 void rdv_segment_unmap(rdv_t *h) {
     rdv_unmap(h->base, h->map_len);
-    rdv_close_fd(h->fd);
+    rdv_segment_drop_locks(h);
+}
+
+void rdv_segment_drop_locks(rdv_t *h) {
+    if (h->fd >= 0)
+        rdv_close_fd(h->fd);
+    h->fd = -1;
 }
 
 void rdv_segment_discard(rdv_t *h) {
@@ -142,13 +151,13 @@ int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **o
     return 0;
 }
 
-void rdv_segment_publish(rdv_t *h) {
+void rdv_segment_publish(rdv_t *h, int fd) {
     /* release: publishes every field the creator wrote; pairs with the
      * acquire load of magic in validate() */
     smp_store_release(&h->khdr->magic, RDV_MAGIC);
     /* After the publish: an attacher that sees the byte free and then reads
      * magic finds it set, unless the creator died before publishing. */
-    rdv_byte_unlock(h->fd, RDV_CREATOR_LOCK_BYTE);
+    rdv_byte_unlock(fd, RDV_CREATOR_LOCK_BYTE);
 }
 
 /* Check a header read from an untrusted file against the layout it claims. */

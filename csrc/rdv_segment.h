@@ -12,9 +12,9 @@
  * map it and write the header's identity, but not its magic: the segment
  * is invisible to attachers until rdv_segment_publish. Takes the creator's
  * byte lock (RDV_CREATOR_LOCK_BYTE) first, on fd's file description, and
- * rdv_segment_publish drops it. */
+ * rdv_segment_publish (given the same fd) drops it. */
 int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out);
-void rdv_segment_publish(rdv_t *h);
+void rdv_segment_publish(rdv_t *h, int fd);
 /* Validate the header of an existing segment, map it and check that its
  * running state is in range. -EAGAIN: still being created (its creator
  * holds RDV_CREATOR_LOCK_BYTE); -EOWNERDEAD: not initialised and nobody
@@ -26,5 +26,8 @@ int rdv_segment_attach(int fd, rdv_t **out);
 void rdv_segment_discard(rdv_t *h);
 /* Unmap a handle's segment; the struct stays (see rdv_open.c). */
 void rdv_segment_unmap(rdv_t *h);
+/* In a forked child, for a handle inherited from the parent: close our copy
+ * of its lock file description, so the parent's locks end with the parent. */
+void rdv_segment_drop_locks(rdv_t *h);
 
 #endif

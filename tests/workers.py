@@ -4,6 +4,7 @@ Children attach with create=False, pass a timeout to every blocking call, and re
 multiprocessing queue or their exit code; an unexpected exception gives a non-zero exit code.
 """
 
+import multiprocessing
 import os
 import random
 import time
@@ -346,4 +347,35 @@ def send_after_go(name, key, values, go, queue):
     for v in values:
         rdv.send(key, np.array([v], dtype=np.int64), timeout=CHILD_TIMEOUT)
     queue.put("sent")
+    rdv.close()
+
+
+def fork_parent(name, how):
+    """A parent that holds a view and an open alloc block, then starts a child
+    by `how` ("os.fork", or a multiprocessing start method) that uses the
+    rendezvous itself; then sleeps until killed. Sends the child's pid under
+    "parent-child"."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    rdv.send("parent-held", np.arange(1000))
+    view = rdv.recv("parent-held", timeout=CHILD_TIMEOUT)  # noqa: F841: held until we die
+    block = rdv.alloc("parent-open", shape=(1000,), dtype=np.int64)  # noqa: F841: never sent
+    if how == "os.fork":
+        pid = os.fork()
+        if pid == 0:
+            try:
+                fork_grandchild(rdv)
+            finally:
+                os._exit(0)
+    else:
+        child = multiprocessing.get_context(how).Process(target=fork_grandchild, args=(rdv,))
+        child.start()
+        pid = child.pid
+    rdv.send("parent-child", np.array([pid]))
+    time.sleep(CHILD_TIMEOUT)
+
+
+def fork_grandchild(rdv):
+    """Registers as itself (a send), then waits to be told to go."""
+    rdv.send("child-pid", np.array([os.getpid()]))
+    rdv.recv("child-go", timeout=CHILD_TIMEOUT)
     rdv.close()

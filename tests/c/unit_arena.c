@@ -108,7 +108,7 @@ static rdv_t *make_segment(uint64_t arena_bytes, int *fdp) {
     int rc = rdv_segment_create(fd, arena_bytes, 16, &h);
     CHECK(rc == 0, "rdv_segment_create: %d", rc);
     rdv_arena_init(h);
-    rdv_segment_publish(h);
+    rdv_segment_publish(h, fd);
     rc = rdv_live_claim(h);
     CHECK(rc == 0, "rdv_live_claim: %d", rc);
     h->ops = fake_ops;

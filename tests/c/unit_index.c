@@ -71,7 +71,7 @@ static rdv_t *make_segment(uint64_t max_keys, int *fdp) {
     rdv_t *h;
     int rc = rdv_segment_create(fd, 64 << 10, max_keys, &h);
     CHECK(rc == 0, "rdv_segment_create: %d", rc);
-    rdv_segment_publish(h);
+    rdv_segment_publish(h, fd);
     rc = rdv_live_claim(h);
     CHECK(rc == 0, "rdv_live_claim: %d", rc);
     CHECK(h->me != DEAD && h->me != LIVE, "our entry collides with the fake ones");
