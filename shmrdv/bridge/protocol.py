@@ -17,8 +17,9 @@ import enum
 import math
 import socket
 import struct
+import sys
 import time
-from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -416,6 +417,11 @@ class Reader:
         # time.monotonic() by which every read must be done (the handshake's),
         # or None: a peer trickling bytes cannot stretch a per-read timeout
         self.deadline: Optional[float] = None
+        # Asked whenever a receive timeout set on the socket (SO_RCVTIMEO)
+        # passes with nothing read: True drops the connection, False waits on.
+        self.on_quiet: Optional[Callable[[], bool]] = None
+        self.last_byte = time.monotonic()  # when a byte last arrived
+        self.mid_frame = False  # a frame has begun and not all of it arrived
 
     def read_into(self, view: memoryview) -> None:
         sock = self._sock
@@ -432,15 +438,23 @@ class Reader:
                     raise ConnectionLost("deadline passed while reading") from exc
                 raise ConnectionLost(f"connection failed: {exc}") from exc
             except OSError as exc:
+                if _timed_out(exc, "SSLWantReadError") and self.on_quiet is not None:
+                    if self.on_quiet():
+                        raise ConnectionLost("the peer stalled") from None
+                    continue
                 raise ConnectionLost(f"connection failed: {exc}") from exc
             if n == 0:
                 raise ConnectionLost("connection closed by peer")
+            self.last_byte = time.monotonic()
             view = view[n:]
+            self.mid_frame = view.nbytes > 0
 
     def header(self) -> Tuple[Frame, int, int]:
         self.read_into(self._hdr_view)
         kind, flags, reserved, length, stream = HEADER.unpack(self._hdr)
-        return check_header(kind, flags, reserved, length), length, stream
+        frame = check_header(kind, flags, reserved, length)
+        self.mid_frame = length > 0  # its body or DATA is still owed
+        return frame, length, stream
 
     def body(self, length: int) -> bytes:
         buf = bytearray(length)
@@ -484,7 +498,28 @@ def send_all(sock: socket.socket, parts: List[Buffer]) -> None:
                     views[0] = views[0][sent:]
                     sent = 0
     except OSError as exc:
+        if _timed_out(exc, "SSLWantWriteError"):
+            raise ConnectionLost("the peer stopped reading: nothing could be sent for its idle timeout") from None
         raise ConnectionLost(f"connection failed: {exc}") from exc
+
+
+def _timed_out(exc: OSError, tls_error: str) -> bool:
+    """Whether exc is a blocking socket's SO_RCVTIMEO or SO_SNDTIMEO passing:
+    EAGAIN, or on TLS the ssl error named tls_error (want-read, want-write)."""
+    if isinstance(exc, BlockingIOError):
+        return True
+    ssl = sys.modules.get("ssl")  # no TLS socket exists unless ssl was loaded
+    return ssl is not None and isinstance(exc, getattr(ssl, tls_error))
+
+
+def set_io_timeouts(sock: socket.socket, seconds: float) -> None:
+    """Kernel timeouts on a blocking socket: a receive with nothing to read,
+    or a send that can queue nothing, returns EAGAIN after seconds; no extra
+    system call per read or write, as a Python-level timeout would make."""
+    whole = int(seconds)
+    tv = struct.pack("@ll", whole, int((seconds - whole) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
 def _is_tls(sock: socket.socket) -> bool:

@@ -26,6 +26,20 @@ from ..rendezvous import Rendezvous
 log = logging.getLogger("shmrdv.bridge")
 
 HANDSHAKE_TIMEOUT_S = 10.0
+"""Seconds a connection has to authenticate, TLS and AUTH together (--handshake-timeout)."""
+IDLE_TIMEOUT_S = 60.0
+"""Seconds an authenticated peer may go silent while it owes us bytes (a
+message or frame begun, an item not acknowledged) or leave what we send
+unread, before it is dropped and what it held is freed (--idle-timeout)."""
+# Keepalive probes find a peer whose host vanished even while it owes us
+# nothing: 30 s of silence, then 3 probes 10 s apart.
+_KEEPALIVE = ((socket.TCP_KEEPIDLE, 30), (socket.TCP_KEEPINTVL, 10), (socket.TCP_KEEPCNT, 3))
+
+
+def keep_alive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in _KEEPALIVE:
+        sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 class _Incoming:
@@ -43,9 +57,12 @@ class Inbound:
 
     def __init__(self, sock: socket.socket, peer: str, rdv: Rendezvous, origins: Origins, token: bytes,
                  on_abort: Callable[[str], None], max_message: int,
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
+                 handshake_deadline: Optional[float] = None, idle_timeout: float = IDLE_TIMEOUT_S) -> None:
         self.sock, self.peer, self.rdv = sock, peer, rdv
-        self._handshake_timeout = handshake_timeout
+        # time.monotonic() by which the handshake must be done
+        self._handshake_deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S if handshake_deadline is None else handshake_deadline
+        self._idle_timeout = idle_timeout
+        self._owed_since = 0.0  # when we last handed out an item (an ACK is owed from then)
         self._origins, self._token, self._on_abort = origins, token, on_abort
         self._max_message = max_message
         self._send_lock = threading.Lock()
@@ -73,7 +90,7 @@ class Inbound:
         finally:
             self._cleanup()
 
-    def send(self, data: bytes, *more: Any) -> None:
+    def send(self, data: Any, *more: Any) -> None:
         with self._send_lock:
             protocol.send_all(self.sock, [data, *more])
 
@@ -95,9 +112,9 @@ class Inbound:
     def _handshake(self) -> None:
         # One deadline for the whole handshake, not a timeout per read: a peer
         # that trickles its AUTH a byte at a time is dropped all the same.
-        self.sock.settimeout(self._handshake_timeout)
+        self.sock.settimeout(max(self._handshake_deadline - time.monotonic(), 0.001))
         reader = self._reader = protocol.Reader(self.sock)
-        reader.deadline = time.monotonic() + self._handshake_timeout
+        reader.deadline = self._handshake_deadline
         server_nonce = auth.nonce()
         self.send(protocol.hello(self._max_message, server_nonce))
         role, origin, first_seq, client_nonce, proof = protocol.parse_auth(reader.expect(Frame.AUTH))
@@ -112,7 +129,25 @@ class Inbound:
         self.send(protocol.welcome(auth.server_proof(self._token, server_nonce, client_nonce), o.base, o.bits))
         reader.deadline = None
         self.sock.settimeout(None)
+        protocol.set_io_timeouts(self.sock, self._idle_timeout)
+        reader.on_quiet = self._stalled
         log.info("%s connected as %s (origin %016x)", self.peer, role.name.lower(), origin)
+
+    def _stalled(self) -> bool:
+        """Whether the peer has gone silent for the idle timeout while it
+        owes us bytes. One that owes nothing may wait as long as it likes
+        (a link with nothing to send, a client in a blocking RECV): it holds
+        only its connection, and keepalive finds it if its host is gone."""
+        reader = self._reader
+        if not (reader.mid_frame or self._incoming or self._handed_out):
+            return False
+        silent = time.monotonic() - max(reader.last_byte, self._owed_since)
+        if silent < self._idle_timeout:
+            return False
+        half = sum(1 for inc in self._incoming.values() if inc.alloc is not None)
+        log.warning("dropped %s: silent for %.0f s in the middle of a message; %d half-received message(s) "
+                    "discarded, their space freed", self.peer, silent, half)
+        return True
 
     # ---- frames ------------------------------------------------------------
 
@@ -310,11 +345,11 @@ class Inbound:
                 self._put_back(key, view)
                 return
             self._handed_out[request] = (key, view)
+            self._owed_since = time.monotonic()
         code = view.dtype.str.encode("ascii")
         parts = protocol.message_frames(Frame.ITEM, request, b"", code, view.shape, protocol.byte_view(view))
         try:
-            with self._send_lock:
-                protocol.send_all(self.sock, parts)
+            self.send(*parts)
         except ConnectionLost:
             pass  # the cleanup puts it back
 

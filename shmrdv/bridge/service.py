@@ -7,6 +7,7 @@ peer's abort aborts the local rendezvous.
 """
 import ipaddress
 import logging
+import select
 import socket
 import ssl
 import threading
@@ -16,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import outbox
 from .link import Link, LinkSettings
-from .server import HANDSHAKE_TIMEOUT_S, Inbound
+from .server import HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S, Inbound, keep_alive
 
 MAX_CONNECTIONS = 1024
 """Connections a bridge serves at once, by default (--max-connections)."""
@@ -45,6 +46,26 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def tls_handshake(ctx: ssl.SSLContext, conn: socket.socket, deadline: float) -> ssl.SSLSocket:
+    """The server side of a TLS handshake, done by deadline (time.monotonic())
+    however the peer paces its bytes: TimeoutError past it."""
+    tls = ctx.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+    tls.setblocking(False)
+    while True:
+        try:
+            tls.do_handshake()
+            break
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError) as want:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                tls.close()
+                raise TimeoutError("handshake deadline passed") from None
+            reading = isinstance(want, ssl.SSLWantReadError)
+            select.select([tls] if reading else [], [] if reading else [tls], [], left)
+    tls.setblocking(True)
+    return tls
+
+
 class Bridge:
     """One host's bridge: ``start()``, then ``stop()`` (or ``serve_forever``)."""
 
@@ -52,7 +73,8 @@ class Bridge:
                  tls: Optional[ssl.SSLContext] = None, tls_ca: Optional[str] = None,
                  routes: Optional[Dict[str, str]] = None, settings: Optional[LinkSettings] = None,
                  drain_timeout: float = 10.0, handshake_timeout: float = HANDSHAKE_TIMEOUT_S,
-                 max_connections: int = MAX_CONNECTIONS, max_per_address: int = MAX_PER_ADDRESS) -> None:
+                 max_connections: int = MAX_CONNECTIONS, max_per_address: int = MAX_PER_ADDRESS,
+                 idle_timeout: float = IDLE_TIMEOUT_S) -> None:
         host, _port = listen
         if not token and not is_loopback(host):
             raise InvalidArgument(f"refusing to listen on {host}, which is not loopback, without a token")
@@ -64,6 +86,7 @@ class Bridge:
         self._settings = settings or LinkSettings()
         self._drain_timeout = drain_timeout
         self._handshake_timeout = handshake_timeout
+        self._idle_timeout = idle_timeout
         # accepted connections, in all and per peer address (limits against
         # a flood of connections that never authenticate)
         self._max_connections, self._max_per_address = max_connections, max_per_address
@@ -94,7 +117,7 @@ class Bridge:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(64)
+        sock.listen(socket.SOMAXCONN)  # a burst of connects waits in line, not in SYN retries
         self._sock = sock
         self.address = sock.getsockname()[:2]
         for target, name in ((self._accept_loop, "accept"), (self._dispatch_loop, "dispatch")):
@@ -160,8 +183,10 @@ class Bridge:
                 conn.close()
                 continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve_counted, args=(conn, peer, addr[0]), name=f"shmrdv-peer-{peer}",
-                             daemon=True).start()
+            keep_alive(conn)
+            deadline = time.monotonic() + self._handshake_timeout
+            threading.Thread(target=self._serve_counted, args=(conn, peer, addr[0], deadline),
+                             name=f"shmrdv-peer-{peer}", daemon=True).start()
 
     def _admit(self, address: str) -> bool:
         """Count a new connection from address in, unless it is one too many
@@ -183,9 +208,9 @@ class Bridge:
                     self._max_connections, refused)
         return False
 
-    def _serve_counted(self, conn: socket.socket, peer: str, address: str) -> None:
+    def _serve_counted(self, conn: socket.socket, peer: str, address: str, deadline: float) -> None:
         try:
-            self._serve_one(conn, peer)
+            self._serve_one(conn, peer, deadline)
         finally:
             with self._lock:
                 self._connected -= 1
@@ -195,17 +220,16 @@ class Bridge:
                 else:
                     del self._connections[address]
 
-    def _serve_one(self, conn: socket.socket, peer: str) -> None:
+    def _serve_one(self, conn: socket.socket, peer: str, deadline: float) -> None:
         if self._tls is not None:
             try:
-                conn.settimeout(10)
-                conn = self._tls.wrap_socket(conn, server_side=True)
+                conn = tls_handshake(self._tls, conn, deadline)
             except (OSError, ssl.SSLError) as exc:
                 log.warning("dropped %s: TLS handshake failed: %s", peer, exc)
                 conn.close()
                 return
         handler = Inbound(conn, peer, self.rdv, self._origins, self._token, self._peer_abort, self.rdv.capacity,
-                          self._handshake_timeout)
+                          deadline, self._idle_timeout)
         with self._lock:
             self._inbound.append(handler)
         try:

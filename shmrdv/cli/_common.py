@@ -50,6 +50,17 @@ def count(text: str) -> int:
     return _int_at_least(text, 0)
 
 
+def seconds(text: str) -> float:
+    """argparse type of a timeout: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < 1e9:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and less than 1e9 seconds, got {text}")
+    return value
+
+
 def _int_at_least(text: str, least: int) -> int:
     try:
         value = int(text)

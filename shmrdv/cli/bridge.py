@@ -11,12 +11,12 @@ from typing import Any, Dict, Optional, Tuple
 
 from ..bridge import auth, protocol
 from ..bridge.link import LinkSettings
-from ..bridge.server import HANDSHAKE_TIMEOUT_S
+from ..bridge.server import HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S
 from ..bridge.service import MAX_CONNECTIONS, MAX_PER_ADDRESS, Bridge, is_loopback, log
 from ..errors import InvalidArgument
 from ..rendezvous import unlink_segment
 from ..segments import others
-from ._common import CommandError, UsageError, describe, open_showing_progress, positive_int, rendezvous_name
+from ._common import CommandError, UsageError, describe, open_showing_progress, positive_int, rendezvous_name, seconds
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,8 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a remote task and its bridge; told about aborts (sends carry their own routes)")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds a message may wait for an unreachable bridge before the rendezvous is aborted (0: forever)")
     p.add_argument("--drain-timeout", type=float, default=10.0, help="seconds to wait for acknowledgements when stopping")
-    p.add_argument("--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT_S,
+    p.add_argument("--handshake-timeout", type=seconds, default=HANDSHAKE_TIMEOUT_S,
                    help="seconds a connection has to authenticate, all of its handshake together")
+    p.add_argument("--idle-timeout", type=seconds, default=IDLE_TIMEOUT_S,
+                   help="seconds an authenticated peer may go silent in the middle of a message (or leave what "
+                        "the bridge sends unread) before it is dropped and its half-received message freed")
     p.add_argument("--max-connections", type=positive_int, default=MAX_CONNECTIONS,
                    help="connections served at once; more are closed at once")
     p.add_argument("--max-per-address", type=positive_int, default=MAX_PER_ADDRESS,
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     rdv = open_showing_progress(args.name, args.size)
     settings = LinkSettings(deadline=args.deadline or None)
     bridge = Bridge(rdv, (host, port), token, tls, args.tls_ca, routes, settings, args.drain_timeout,
-                    args.handshake_timeout, args.max_connections, args.max_per_address)
+                    args.handshake_timeout, args.max_connections, args.max_per_address, args.idle_timeout)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
