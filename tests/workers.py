@@ -357,8 +357,8 @@ def fork_parent(name, how):
     "parent-child"."""
     rdv = shmrdv.Rendezvous(name, create=False)
     rdv.send("parent-held", np.arange(1000))
-    view = rdv.recv("parent-held", timeout=CHILD_TIMEOUT)  # noqa: F841: held until we die
-    block = rdv.alloc("parent-open", shape=(1000,), dtype=np.int64)  # noqa: F841: never sent
+    # held until we die: a view, and a block never sent
+    held = [rdv.recv("parent-held", timeout=CHILD_TIMEOUT), rdv.alloc("parent-open", shape=(1000,), dtype=np.int64)]
     if how == "os.fork":
         pid = os.fork()
         if pid == 0:
@@ -372,6 +372,7 @@ def fork_parent(name, how):
         pid = child.pid
     rdv.send("parent-child", np.array([pid]))
     time.sleep(CHILD_TIMEOUT)
+    del held
 
 
 def fork_grandchild(rdv):
