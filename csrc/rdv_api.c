@@ -124,7 +124,7 @@ static int pop_locked(rdv_t *h, uint32_t idx, const char *key, uint32_t key_len,
 static int try_pop(rdv_t *h, const char *key, uint32_t key_len, uint32_t flags,
                    struct rdv_msg_info *out) {
     uint32_t idx;
-    int rc = rdv_index_acquire(h, key, key_len, 0, &idx);
+    int rc = rdv_index_acquire(h, key, key_len, RDV_INDEX_FIND, &idx);
     if (rc == -ENOENT)
         return -EAGAIN;
     if (rc < 0)
@@ -315,7 +315,7 @@ static int do_recv_start(rdv_t *h, const char *key, uint32_t key_len, int64_t ti
         return -ECONNABORTED;
     int async = (flags & RDV_RECV_ASYNC) != 0;
     uint32_t link = 0, idx;
-    int rc = rdv_index_acquire(h, key, key_len, timeout_ns != 0 || async, &idx);
+    int rc = rdv_index_acquire(h, key, key_len, (timeout_ns != 0 || async) ? RDV_INDEX_CREATE : RDV_INDEX_FIND, &idx);
     if (rc == -ENOENT)
         return -EAGAIN;
     if (rc < 0)
@@ -336,7 +336,7 @@ static int do_recv_start(rdv_t *h, const char *key, uint32_t key_len, int64_t ti
             rc = -ENOBUFS; /* an async start waits for no room */
         if (rc < 0 || got)
             return rc;
-        rc = rdv_index_acquire(h, key, key_len, 1, &idx);
+        rc = rdv_index_acquire(h, key, key_len, RDV_INDEX_CREATE, &idx);
         if (rc < 0) {
             rdv_waiter_free(h, 1, &link);
             return rc;
@@ -430,7 +430,7 @@ static int do_recv_any_start(rdv_t *h, const char *keys, const uint32_t *key_len
             break;
         uint32_t i = (k.first + j) % nkeys, len, idx;
         const char *key = any_key(&k, i, &len);
-        rc = rdv_index_acquire(h, key, len, 1, &idx);
+        rc = rdv_index_acquire(h, key, len, RDV_INDEX_CREATE, &idx);
         if (rc < 0) { /* the key index is full: no line to wait in */
             int left = leave(h, leader, flags, which, out);
             return left == 1 ? 0 : left < 0 ? left : rc; /* 1: served meanwhile, ours */
@@ -586,9 +586,10 @@ int rdv_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char *dtyp
                    uint32_t dtype_len, uint32_t ndim, const int64_t *shape,
                    const int64_t *strides, uint64_t nbytes, int64_t timeout_ns,
                    uint64_t *pos, void **payload) {
-    if (rdv_get(h) < 0)
-        return -EBADF;
-    int rc = do_send_begin(h, key, key_len, dtype, dtype_len, ndim, shape, strides, nbytes,
+    int rc = rdv_get(h);
+    if (rc < 0)
+        return rc;
+    rc = do_send_begin(h, key, key_len, dtype, dtype_len, ndim, shape, strides, nbytes,
                            timeout_ns, pos, payload);
     if (rc < 0)
         rdv_put(h); /* on success the reference passes to *payload */
@@ -617,9 +618,12 @@ int rdv_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
  * payload handed out. */
 #define RECV_REF(h, call)                                                                          \
     do {                                                                                           \
-        if (rdv_get(h) < 0)                                                                        \
-            return -EBADF;                                                                         \
-        int rc_ = (call);                                                                          \
+        int rc_ = rdv_get(h);                                                                      \
+        if (rc_ < 0)                                                                               \
+            return rc_;                                                                            \
+        rc_ = (call);                                                                              \
+        if (rc_ < 0 && rdv_damaged(h))                                                             \
+            rc_ = -EFBIG; /* truncated during the call (WITH_REF) */                               \
         if (rc_ != 0 && rc_ != 1)                                                                  \
             rdv_put(h);                                                                            \
         return rc_;                                                                                \
@@ -654,9 +658,10 @@ int rdv_recv_wait(rdv_t *h, uint32_t *waiter, int64_t timeout_ns, uint32_t flags
 int rdv_recv_cancel(rdv_t *h, uint32_t *waiter, uint32_t flags, uint32_t *which,
                     struct rdv_msg_info *out) {
     /* 1: a message, whose payload keeps the reference; 0: none */
-    if (rdv_get(h) < 0)
-        return -EBADF;
-    int rc = do_recv_cancel(h, waiter, flags, which, out);
+    int rc = rdv_get(h);
+    if (rc < 0)
+        return rc;
+    rc = do_recv_cancel(h, waiter, flags, which, out);
     if (rc != 1)
         rdv_put(h);
     return rc;
@@ -689,6 +694,10 @@ static int payload_pos(rdv_t *h, void *payload, uint64_t *pos) {
 int rdv_give_back(rdv_t *h, void *payload) {
     if (rdv_forked(h))
         return 0; /* the parent's */
+    if (rdv_damaged(h)) {
+        rdv_put(h); /* the payload's reference; the cut segment is not touched */
+        return 0;
+    }
     uint64_t pos;
     int rc = payload_pos(h, payload, &pos);
     if (rc < 0)
@@ -705,6 +714,10 @@ int rdv_give_back(rdv_t *h, void *payload) {
 int rdv_release_payload(rdv_t *h, void *payload) {
     if (rdv_forked(h))
         return 0; /* a view inherited through fork is the parent's to release */
+    if (rdv_damaged(h)) {
+        rdv_put(h); /* as in rdv_give_back */
+        return 0;
+    }
     int rc = do_release_payload(h, payload);
     if (rc == 0)
         rdv_put(h); /* the payload's own reference keeps the mapping until here */

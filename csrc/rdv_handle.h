@@ -45,9 +45,13 @@ struct rdv {
     struct rdv *next_retired;
     struct rdv *next_mapped, *prev_mapped; /* rdv_open.c's list of mapped handles */
     int fd;             /* the segment file, kept open: it carries our byte lock */
+    uint32_t damaged;   /* its file was truncated under us (rdv_segment.c): calls fail with -EFBIG */
     uint32_t me;        /* our process entry; lock words hold me + 1 */
     /* One mark change at a time: our entry has one mark record. */
     pthread_mutex_t mark_lock;
+    /* One key-count change at a time among our threads: an entry's
+     * key_count records one insert or delete in progress (rdv_index.c). */
+    pthread_mutex_t key_count_lock;
     int acting;         /* registering into a full table: me is the dead entry being reclaimed */
     pid_t pid;          /* the process that attached: in a forked child the handle is inert */
     uint32_t reaped;    /* dead processes this handle reclaimed, and the first pids */

@@ -7,8 +7,20 @@
  * the home slot's ins_lock so that two processes cannot insert the same key
  * twice; deleting needs only the slot's own lock. A slot is deleted (made a
  * tombstone, reusable by later inserts) once it holds no messages and no
- * waiters, so keys that carry a step number do not fill the table. */
+ * waiters, so keys that carry a step number do not fill the table.
+ *
+ * At most max_keys keys are live at once. Each insert and delete is counted
+ * in the process entry of the slot lock's holder (key_count: its net count
+ * and the change in progress, one word, under the handle's key_count_lock),
+ * so a reclaimer knows from that word and the slot's state alone whether a
+ * dead holder's change happened (rdv_index_count_repair). The exact count is
+ * the sum over all entries. keys_approx, a running total updated after an
+ * insert's word and after a delete's state, is never below the count of
+ * admitted keys (a death between the two stores leaves it higher): an insert
+ * that finds it under max_keys is admitted without summing, and only one that
+ * does not sums, under keys_lock. */
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "rdv_atomic.h"
@@ -68,9 +80,87 @@ int rdv_index_find(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, uint32_
     return -ENOENT;
 }
 
+/* ---- the key count ----------------------------------------------------------*/
+
+/* The entry a change under slot idx's lock is counted in: its holder's. */
+static uint64_t *count_word(rdv_t *h, uint32_t idx) {
+    /* relaxed: we hold the lock, so it holds our identity (or the dead's we act as) */
+    uint32_t entry = READ_ONCE(h->kslots[idx].lock) - 1;
+    return &h->kprocs[entry < RDV_MAX_PROCS ? entry : h->me].key_count; /* a damaged word: ours */
+}
+
+/* Begin a change of delta keys at slot idx (its lock held): the net count
+ * and the change in progress, in one store. Holds key_count_lock until
+ * count_end: no waits in between. */
+static void count_begin(rdv_t *h, uint32_t idx, int delta) {
+    uint64_t *kw = count_word(h, idx);
+    pthread_mutex_lock(&h->key_count_lock);
+    uint64_t w = READ_ONCE(*kw); /* relaxed: only we write it, under our mutex */
+    /* relaxed: read by a reclaimer only after we died (the kernel's lock
+     * release orders it), and by sums that need no more than a fresh value */
+    WRITE_ONCE(*kw, RDV_KC_WORD(RDV_KC_NET(w) + delta, (idx + 1) | (delta < 0 ? RDV_KC_DELETE : 0)));
+}
+
+/* The change is done (or undone, undo = -delta): clear it. */
+static void count_end(rdv_t *h, uint32_t idx, int undo) {
+    uint64_t *kw = count_word(h, idx);
+    uint64_t w = READ_ONCE(*kw); /* relaxed: as in count_begin */
+    WRITE_ONCE(*kw, RDV_KC_WORD(RDV_KC_NET(w) + undo, 0));
+    pthread_mutex_unlock(&h->key_count_lock);
+}
+
+static int64_t count_exact(rdv_t *h) {
+    int64_t n = 0;
+    for (uint32_t i = 0; i < RDV_MAX_PROCS; i++)
+        n += RDV_KC_NET(READ_ONCE(h->kprocs[i].key_count)); /* relaxed: see count_admit */
+    return n;
+}
+
+/* Admit the insert begun at slot idx (count_begin done), or undo it and
+ * return -ENOSPC: max_keys are live. A restore is admitted past the limit. */
+static int count_admit(rdv_t *h, uint32_t idx, int create) {
+    int64_t limit = (int64_t)h->khdr->max_keys;
+    /* acq_rel: a total that orders the inserts that skip the sum after every
+     * count word already begun; pairs with itself */
+    if (rdv_fetch_add(&h->khdr->keys_approx, 1, __ATOMIC_ACQ_REL) < limit || create == RDV_INDEX_RESTORE)
+        return 0;
+    /* Near the limit: sum, one inserter at a time. Undo our count while we
+     * wait for the lock (a dead holder's reclaim may change counts of ours). */
+    count_end(h, idx, -1);
+    rdv_lock(h, &h->khdr->keys_lock);
+    count_begin(h, idx, +1);
+    /* The sum holds every admitted key, ours, and the inserts in progress
+     * that skipped it (each will be admitted): exactly what will be live.
+     * An insert that skipped it with its add before ours is seen through the
+     * release sequence of keys_approx; one after ours found our add in the
+     * total, so its admission holds whatever we decide; earlier summers
+     * through keys_lock. Full fence: our count word, stored again, is
+     * visible before we read theirs (cheap; only near the limit). */
+    smp_mb();
+    int rc = count_exact(h) > limit ? -ENOSPC : 0;
+    if (rc < 0) {
+        count_end(h, idx, -1);
+        rdv_fetch_add(&h->khdr->keys_approx, -1, __ATOMIC_ACQ_REL); /* as above */
+    }
+    rdv_unlock(&h->khdr->keys_lock);
+    return rc;
+}
+
+void rdv_index_count_repair(rdv_t *h, uint32_t dead, uint32_t idx) {
+    uint64_t *kw = &h->kprocs[dead].key_count;
+    uint64_t w = READ_ONCE(*kw); /* relaxed: the dead wrote it before it died */
+    if (RDV_KC_SLOT(w) != idx + 1)
+        return;
+    int live = READ_ONCE(h->kslots[idx].state) == RDV_SLOT_LIVE; /* relaxed: its lock is ours */
+    int undo = w & RDV_KC_DELETE ? (live ? +1 : 0) : (live ? 0 : -1);
+    WRITE_ONCE(*kw, RDV_KC_WORD(RDV_KC_NET(w) + undo, 0)); /* relaxed: as in count_begin */
+}
+
+int64_t rdv_index_live_keys(rdv_t *h) { return count_exact(h); }
+
 /* Claim a free slot for the key; called with the home's ins_lock held and
  * the key known to be absent. Returns with the new slot locked. */
-static int insert(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, uint32_t *idx) {
+static int insert(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, int create, uint32_t *idx) {
     uint64_t home = h1 & h->slot_mask;
     for (uint64_t d = 0; d <= h->slot_mask; d++) {
         uint64_t i = (home + d) & h->slot_mask;
@@ -81,6 +171,11 @@ static int insert(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, uint32_t
         if (s->state == RDV_SLOT_LIVE) {
             rdv_unlock(&s->lock);
             continue;
+        }
+        count_begin(h, (uint32_t)i, +1);
+        if (count_admit(h, (uint32_t)i, create) < 0) {
+            rdv_unlock(&s->lock);
+            return -ENOSPC;
         }
         /* relaxed: lookups read these lock-free only as a guess; the release
          * store of state below publishes them, and matches are re-checked
@@ -94,6 +189,7 @@ static int insert(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, uint32_t
         s->gen++;
         /* release: lock-free lookups that see LIVE also see the hash above */
         smp_store_release(&s->state, RDV_SLOT_LIVE);
+        count_end(h, (uint32_t)i, 0);
         if (d > h->kslots[home].max_probe)
             /* release: pairs with the acquire in rdv_index_find; the slot is
              * LIVE before lookups are told to scan this far */
@@ -118,7 +214,7 @@ int rdv_index_acquire(rdv_t *h, const char *key, uint32_t key_len, int create, u
             rdv_lock(h, &khome->ins_lock);
             rc = rdv_index_find(h, h1, h2, key_len, &i);
             if (rc == -ENOENT) {
-                rc = insert(h, h1, h2, key_len, idx);
+                rc = insert(h, h1, h2, key_len, create, idx);
                 rdv_unlock(&khome->ins_lock);
                 return rc;
             }
@@ -141,9 +237,14 @@ void rdv_index_release(rdv_t *h, uint32_t idx) {
 /* With the slot locked: turn it into a tombstone if nothing needs it. */
 void rdv_index_maybe_delete(rdv_t *h, uint32_t idx) {
     struct rdv_slot *s = &h->kslots[idx];
-    if (s->count == 0 && s->waiters == 0) {
+    if (s->state == RDV_SLOT_LIVE && s->count == 0 && s->waiters == 0) {
+        count_begin(h, idx, -1);
         s->gen++;
         /* relaxed: lookups that still see LIVE re-check under the lock */
         WRITE_ONCE(s->state, RDV_SLOT_TOMB);
+        count_end(h, idx, 0);
+        /* acq_rel: as in count_admit; after the state, so a death between
+         * leaves the total high, never low */
+        rdv_fetch_add(&h->khdr->keys_approx, -1, __ATOMIC_ACQ_REL);
     }
 }

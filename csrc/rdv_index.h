@@ -10,11 +10,25 @@
 void rdv_hash_key(const rdv_t *h, const char *key, uint32_t len, uint64_t *h1, uint64_t *h2);
 /* A lock-free lookup: the slot that held the key when looked at. */
 int rdv_index_find(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, uint32_t *idx);
-/* Find the key's slot, inserting it if create; returns with the slot
- * locked. -ENOENT (not found, !create) or -ENOSPC (the index is full). */
+/* What rdv_index_acquire does with an absent key. */
+enum {
+    RDV_INDEX_FIND = 0,    /* -ENOENT */
+    RDV_INDEX_CREATE = 1,  /* insert it, unless max_keys are live (-ENOSPC) */
+    RDV_INDEX_RESTORE = 2, /* insert it even past max_keys, for a message
+                            * going back to its key (it was there before):
+                            * -ENOSPC only when no slot is free */
+};
+/* Find the key's slot, inserting it as create says; returns with the slot
+ * locked. -ENOENT (not found, RDV_INDEX_FIND) or -ENOSPC. */
 int rdv_index_acquire(rdv_t *h, const char *key, uint32_t key_len, int create, uint32_t *idx);
 void rdv_index_release(rdv_t *h, uint32_t idx);
 /* With the slot locked: turn it into a tombstone if nothing needs it. */
 void rdv_index_maybe_delete(rdv_t *h, uint32_t idx);
+/* A reclaimer holding slot idx's lock as dead: finish or undo the count of
+ * an insert or delete dead was making there (before anything else changes
+ * the slot). */
+void rdv_index_count_repair(rdv_t *h, uint32_t dead, uint32_t idx);
+/* How many keys are live: the sum of every entry's count. */
+int64_t rdv_index_live_keys(rdv_t *h);
 
 #endif

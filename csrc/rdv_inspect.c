@@ -5,6 +5,7 @@
 
 #include "rdv_arena.h"
 #include "rdv_atomic.h"
+#include "rdv_index.h"
 #include "rdv_lock.h"
 #include "rdv_open.h"
 #include "rdv_recover.h"
@@ -40,6 +41,8 @@ static int do_stats(rdv_t *h, struct rdv_stats *out) {
     out->max_keys = h->khdr->max_keys;
     out->aborted = rdv_is_aborted(h);
     out->leases_dropped = READ_ONCE(h->khdr->leases_dropped); /* relaxed: a statistic */
+    int64_t counted = rdv_index_live_keys(h);
+    out->keys_counted = counted > 0 ? (uint64_t)counted : 0;
     return 0;
 }
 

@@ -24,7 +24,7 @@
 #define RDV_MAX_ARENA ((uint64_t)RDV_MAX_ARENA_BYTES) /* shmrdv.h; granule indexes fit RDV_GRANULE_BITS */
 #define RDV_MIN_BLOCK 4u /* granules: a free block holds its start tag, two links, its end tag */
 /* RDV_MAX_PROCS (shmrdv.h): processes attached at once (handles, really) */
-#define RDV_PROC_SPARE 46 /* words of a process entry kept for later use */
+#define RDV_PROC_SPARE 44 /* words of a process entry kept for later use */
 
 /* Segregated free lists (two-level, TLSF-style): first level by the top set
  * bit of a block's length in granules, second level by the next
@@ -115,6 +115,15 @@ struct rdv_header {
     struct rdv_mark marks[RDV_MAX_MARKS];
 
     struct rdv_arena_ctl arena;
+
+    /* How many keys are live, on a line of its own (rdv_index.c): the exact
+     * count is the sum of the process entries' key_count; approx is a
+     * running total, never below it, that lets an insert well under
+     * max_keys skip the sum; lock serialises the inserts that do sum. */
+    uint32_t keys_lock __attribute__((aligned(RDV_LINE))); /* rdv_lock word: holder's entry + 1 */
+    uint32_t keys_pad;
+    int64_t keys_approx;
+    uint8_t pad3[RDV_LINE - 16];
 };
 
 _Static_assert(RDV_MAX_ARENA == (1ULL << (RDV_GRANULE_BITS + 6)) - RDV_PAGE && RDV_GRANULE == 1u << 6,
@@ -128,6 +137,7 @@ _Static_assert(offsetof(struct rdv_header, marks) == 3 * RDV_LINE + RDV_REASON_M
 _Static_assert(offsetof(struct rdv_header, arena) ==
                    3 * RDV_LINE + RDV_REASON_MAX + 32 * RDV_MAX_MARKS, "arena control (tests poke it)");
 _Static_assert(offsetof(struct rdv_header, arena) % RDV_LINE == 0, "arena control is line-aligned");
+_Static_assert(offsetof(struct rdv_header, keys_lock) % RDV_LINE == 0, "the key count is line-aligned");
 _Static_assert(sizeof(struct rdv_header) <= RDV_HEADER_BYTES, "header fits its pages");
 
 /* ---- process table ---------------------------------------------------------
@@ -156,6 +166,12 @@ struct rdv_proc {
     uint32_t bell;
     uint32_t bell_sleepers;
     uint64_t pad0;
+    /* Keys this entry's holders made live minus those they deleted (it may
+     * go negative), and the insert or delete in progress, in one word so
+     * that a death between two stores leaves nothing ambiguous:
+     * RDV_KC_NET(w), and RDV_KC_SLOT(w) = slot + 1 (0: none), with
+     * RDV_KC_DELETE set for a delete. Kept across reuse of the entry. */
+    uint64_t key_count;
     uint32_t spare[RDV_PROC_SPARE];
     /* A mark change in progress (rdv_send_commit_marked, rdv_mark_set), so
      * that whoever reclaims us after a death in the middle can roll the mark
@@ -172,7 +188,15 @@ struct rdv_proc {
 #define RDV_MARK_NO_MESSAGE UINT64_MAX
 
 _Static_assert(offsetof(struct rdv_proc, bell) == 16, "bell");
-_Static_assert(offsetof(struct rdv_proc, mark_state) == 32 + 4 * RDV_PROC_SPARE, "mark record");
+_Static_assert(offsetof(struct rdv_proc, mark_state) == 40 + 4 * RDV_PROC_SPARE, "mark record");
+_Static_assert(offsetof(struct rdv_proc, key_count) == 32, "key count is word-aligned");
+
+#define RDV_KC_SLOT_BITS 26 /* slot + 1 <= 2 * RDV_MAX_KEYS = 2^25 */
+#define RDV_KC_DELETE (1ull << RDV_KC_SLOT_BITS)
+#define RDV_KC_NET_SHIFT (RDV_KC_SLOT_BITS + 1)
+#define RDV_KC_SLOT(w) ((uint32_t)((w) & (RDV_KC_DELETE - 1)))
+#define RDV_KC_NET(w) ((int64_t)(w) >> RDV_KC_NET_SHIFT) /* gcc: arithmetic shift */
+#define RDV_KC_WORD(net, pending) (((uint64_t)(net) << RDV_KC_NET_SHIFT) | (pending))
 _Static_assert(offsetof(struct rdv_proc, mark_pos) % 8 == 0, "mark record is word-aligned");
 _Static_assert(sizeof(struct rdv_proc) == 4 * RDV_LINE, "process entry is 256 B");
 _Static_assert(RDV_MAX_PROCS * sizeof(struct rdv_proc) % RDV_PAGE == 0, "table is whole pages");

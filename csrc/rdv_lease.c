@@ -139,8 +139,8 @@ static void give_back(rdv_t *h, uint32_t who, const struct chain *c) {
     uint32_t idx;
     /* Our own identity for finding or inserting (rdv_index.c locks as us):
      * if we die in there, whoever reclaims us repairs what we held. */
-    if (rdv_index_acquire(h, c->key, c->key_len, 1, &idx) < 0) {
-        free_chain(h, c, 1); /* -ENOSPC: the key index is full */
+    if (rdv_index_acquire(h, c->key, c->key_len, RDV_INDEX_RESTORE, &idx) < 0) {
+        free_chain(h, c, 1); /* -ENOSPC: no slot is free at all */
         return;
     }
     struct rdv_slot *s = &h->kslots[idx];

@@ -128,9 +128,13 @@ __attribute__((constructor)) static void watch_forks(void) {
  * or unregister any of them (it attaches a handle of its own instead). */
 int rdv_forked(const rdv_t *h) { return h->pid != current_pid; }
 
+int rdv_damaged(const rdv_t *h) { return READ_ONCE(h->damaged) != 0; } /* relaxed: see rdv_segment.c */
+
 int rdv_get(rdv_t *h) {
     if (rdv_forked(h))
         return -EBADF;
+    if (rdv_damaged(h))
+        return -EFBIG;
     /* process-local count; relaxed: the mapping it protects was set up before
      * the handle was handed out */
     int64_t r = READ_ONCE(h->refs);
@@ -147,7 +151,8 @@ void rdv_put(rdv_t *h) {
     /* acq_rel: every access through the mapping happens before the unmap;
      * the old value 1 means this was the last reference */
     if (rdv_fetch_add(&h->refs, -1, __ATOMIC_ACQ_REL) == 1) {
-        rdv_recover_own(h); /* frees our waiter slabs too */
+        if (!rdv_damaged(h)) /* a cut segment is not walked */
+            rdv_recover_own(h); /* frees our waiter slabs too */
         rdv_waiter_pool_drop(h);
         rdv_live_release(h);
         drop_mapped(h);

@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -14,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "rdv_atomic.h"
 #include "rdv_os.h"
 
 int64_t rdv_now_ns(void) {
@@ -161,4 +163,43 @@ void rdv_random(void *buf, size_t len) {
         x = x * 6364136223846793005ULL + 1442695040888963407ULL;
         ((uint8_t *)buf)[i] = (uint8_t)(x >> 56);
     }
+}
+
+int rdv_map_zeros(void *at, size_t len) {
+    void *p = mmap(at, len, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? -errno : 0;
+}
+
+/* ---- SIGBUS: a mapped file that shrank under us ------------------------------ */
+
+static int (*sigbus_claim)(void *addr);
+static struct sigaction sigbus_before;
+static int sigbus_installed;
+
+static void on_sigbus(int sig, siginfo_t *si, void *ctx) {
+    /* relaxed: set before the handler was installed, or a newer claim */
+    int (*claim)(void *) = READ_ONCE(sigbus_claim);
+    if (si->si_code > 0 && claim && claim(si->si_addr)) /* a fault, not a kill(): si_addr is real */
+        return; /* the access is retried and succeeds */
+    if (sigbus_before.sa_flags & SA_SIGINFO) {
+        sigbus_before.sa_sigaction(sig, si, ctx);
+    } else if (sigbus_before.sa_handler == SIG_DFL || sigbus_before.sa_handler == SIG_IGN) {
+        /* The default action: a fault repeats on return and kills us then;
+         * a SIGBUS sent by kill() has to be raised again. */
+        struct sigaction dfl = {.sa_handler = SIG_DFL};
+        sigaction(SIGBUS, &dfl, NULL);
+        if (si->si_code <= 0)
+            raise(sig);
+    } else {
+        sigbus_before.sa_handler(sig);
+    }
+}
+
+int rdv_sigbus_route(int (*claim)(void *addr)) {
+    WRITE_ONCE(sigbus_claim, claim); /* relaxed: read by the handler, see there */
+    if (rdv_exchange(&sigbus_installed, 1, __ATOMIC_ACQ_REL))
+        return 0;
+    struct sigaction ours = {.sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART};
+    sigemptyset(&ours.sa_mask);
+    return sigaction(SIGBUS, &ours, &sigbus_before) < 0 ? -errno : 0;
 }

@@ -44,5 +44,13 @@ void rdv_unmap(const void *p, size_t len);
 int rdv_reopen(int fd);
 void rdv_close_fd(int fd);
 void rdv_random(void *buf, size_t len);
+/* Replace [at, at + len) of a mapping with private zero pages, in place.
+ * Safe in a signal handler (a raw mmap). 0 or -errno. */
+int rdv_map_zeros(void *at, size_t len);
+/* Route a SIGBUS fault at an address for which claim(addr) returns 1 to
+ * claim, which must make the access work when it is retried; every other
+ * SIGBUS goes to the handler installed before (default: the process dies).
+ * Installed once per process; later calls only change claim. 0 or -errno. */
+int rdv_sigbus_route(int (*claim)(void *addr));
 
 #endif

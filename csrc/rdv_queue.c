@@ -63,7 +63,7 @@ int rdv_queue_link(rdv_t *h, uint64_t pos) {
     if (!rdv_msg_key_fits(m, len))
         return -EBADMSG;
     uint32_t idx;
-    int rc = rdv_index_acquire(h, rdv_msg_key(m), m->key_len, 1, &idx);
+    int rc = rdv_index_acquire(h, rdv_msg_key(m), m->key_len, RDV_INDEX_CREATE, &idx);
     if (rc < 0)
         return rc;
     struct rdv_slot *s = &h->kslots[idx];
@@ -220,7 +220,7 @@ int rdv_queue_take(rdv_t *h, uint32_t granule, int leased, struct rdv_msg_info *
         /* Its sender is still at it, or died at it: its slot's lock waits
          * for the one and repairs after the other (finishing the hand-off). */
         uint32_t idx;
-        if (rdv_index_acquire(h, rdv_msg_key(m), m->key_len, 0, &idx) == 0)
+        if (rdv_index_acquire(h, rdv_msg_key(m), m->key_len, RDV_INDEX_FIND, &idx) == 0)
             rdv_index_release(h, idx);
         if (!handed_to_me(h, m))
             return -EBADMSG;
@@ -243,7 +243,7 @@ int rdv_queue_give_back(rdv_t *h, uint64_t pos) {
      * key anyway (rdv_lease.c, or the repair of the slot we hold). */
     WRITE_ONCE(m->flags, RDV_MSG_LEASED); /* relaxed: ordered by the release below */
     uint32_t idx;
-    int rc = rdv_index_acquire(h, rdv_msg_key(m), m->key_len, 1, &idx);
+    int rc = rdv_index_acquire(h, rdv_msg_key(m), m->key_len, RDV_INDEX_RESTORE, &idx);
     if (rc < 0)
         return rc; /* still our leased view: the caller frees it */
     struct rdv_slot *s = &h->kslots[idx];

@@ -3,10 +3,11 @@
  * one was) and acts under the dead entry's identity while it repairs, in
  * this order:
  *   1. locks the dead process held: the arena's (its free lists rebuilt
- *      from the side table), slot locks (the slot's queue rebuilt from the
- *      blocks themselves, keeping every QUEUED message: a message whose
- *      send had linked it survives, one it was still writing is dropped),
- *      ins_locks;
+ *      from the side table), the key count's, slot locks (the key count's
+ *      change in progress there finished or undone, then the slot's queue
+ *      rebuilt from the blocks themselves, keeping every QUEUED message: a
+ *      message whose send had linked it survives, one it was still writing
+ *      is dropped), ins_locks;
  *   2. a producer-mark change it was making: rolled back unless its commit
  *      happened (rdv_mark.c);
  *   3. its waiter records: unlinked from every key they wait on;
@@ -29,6 +30,7 @@
 #include "rdv_mark.h"
 #include "rdv_queue.h"
 #include "rdv_recover.h"
+#include "rdv_segment.h"
 #include "rdv_wait.h"
 #include "rdv_waiter.h"
 
@@ -44,9 +46,15 @@ static void reclaim_locks(rdv_t *h, uint32_t dead) {
         rdv_arena_repair(h);
         rdv_unlock(&ka->lock);
     }
+    /* Held only to sum the key count: nothing to repair (the count words
+     * are, with their slots, below). */
+    if (READ_ONCE(h->khdr->keys_lock) == who)
+        rdv_unlock(&h->khdr->keys_lock);
     for (uint64_t i = 0; i <= h->slot_mask; i++) {
         struct rdv_slot *s = &h->kslots[i];
         if (READ_ONCE(s->lock) == who) {
+            /* First, while the slot is as the dead left it. */
+            rdv_index_count_repair(h, dead, (uint32_t)i);
             /* also serves its waiters, under the lock: if we die first, the
              * lock still names the dead and the next repair does it again */
             rdv_queue_repair(h, (uint32_t)i, dead);
@@ -127,6 +135,12 @@ void rdv_recover_own(rdv_t *h) { reclaim_entry(h, h->me); }
 
 int rdv_recover_dead(rdv_t *h, uint32_t *reclaimed) {
     uint32_t n = 0;
+    if (reclaimed)
+        *reclaimed = 0;
+    /* Every look for the dead (attach, gc, a waiter's tick, a stuck lock)
+     * also looks for a truncation: a cut segment is not walked. */
+    if (rdv_segment_check(h) < 0)
+        return -EFBIG;
     for (uint32_t i = 0; i < RDV_MAX_PROCS; i++) {
         struct rdv_proc *p = &h->kprocs[i];
         /* relaxed: a first look; the byte lock below decides */
@@ -162,7 +176,13 @@ void rdv_recover_reclaim_hook(rdv_t *h) { rdv_recover_dead(h, NULL); }
 
 void rdv_recover_dead_holder(rdv_t *h, uint32_t *klock, uint32_t holder) {
     uint32_t entry = holder - 1;
-    rdv_recover_dead(h, NULL);
+    if (rdv_recover_dead(h, NULL) == -EFBIG) {
+        /* A truncated segment is not repaired: free the lock, so that the
+         * call waiting on it ends (with -EFBIG, see rdv_open.h's WITH_REF). */
+        uint32_t expected = holder;
+        rdv_cas(klock, &expected, 0, __ATOMIC_RELEASE); /* release: as rdv_unlock */
+        return;
+    }
     /* A lock naming a FREE entry (damage, or a holder reclaimed without its
      * locks being found) is repaired on its own, under that entry's byte lock. */
     if (READ_ONCE(*klock) == holder && rdv_live_take(h, entry) == 0) { /* relaxed: re-checked */

@@ -27,6 +27,68 @@ static void plan(struct layout *l, uint64_t arena_size, uint64_t slots) {
     l->total = l->arena_off + arena_size + (uint64_t)RDV_MAX_PROCS * RDV_SLAB_GRANULES * RDV_GRANULE;
 }
 
+/* ---- a segment truncated under us ----------------------------------------------
+ * Another process of the same user may ftruncate a segment while it is
+ * mapped (nothing can prevent it: shared-memory files take no seals). A
+ * later access past the new end faults with SIGBUS. We survive it: the
+ * fault's page to the end of the mapping becomes private zero pages, the
+ * access is retried, and the handle is marked damaged, so its calls fail
+ * with -EFBIG (SegmentMismatch) from then on and its waits end at once
+ * (rdv_is_aborted). What lay past the cut is lost; a view of it reads
+ * zeros. The table below is what the SIGBUS handler searches: process-local,
+ * lock-free (the handler may run on any thread at any time). */
+#define RDV_MAX_MAPPED 256
+
+static struct mapped_range {
+    uintptr_t base; /* 0: unused; published last (release), cleared first */
+    uintptr_t end;
+    uint32_t *damaged;
+} mapped_ranges[RDV_MAX_MAPPED];
+
+static int claim_fault(void *addr) {
+    uintptr_t a = (uintptr_t)addr;
+    for (int i = 0; i < RDV_MAX_MAPPED; i++) {
+        struct mapped_range *r = &mapped_ranges[i];
+        /* acquire: pairs with the release in watch_range, so end and
+         * damaged are the range's */
+        uintptr_t base = smp_load_acquire(&r->base);
+        uintptr_t end = READ_ONCE(r->end); /* relaxed: ordered by the acquire above */
+        if (base == 0 || a < base || a >= end)
+            continue;
+        uintptr_t from = a & ~(uintptr_t)(RDV_PAGE - 1);
+        if (rdv_map_zeros((void *)from, end - from) < 0)
+            return 0;
+        WRITE_ONCE(*r->damaged, 1); /* relaxed: read by this process's calls, any thread */
+        return 1;
+    }
+    return 0;
+}
+
+static void watch_range(rdv_t *h) {
+    rdv_sigbus_route(claim_fault); /* best effort: without it a truncation is fatal, as before */
+    for (int i = 0; i < RDV_MAX_MAPPED; i++) {
+        uintptr_t none = 0;
+        /* claim an unused entry: acquire, process-local, pairs with the
+         * release of 0 in unwatch_range */
+        if (!rdv_cas(&mapped_ranges[i].end, &none, (uintptr_t)h->base + h->map_len, __ATOMIC_ACQUIRE))
+            continue;
+        mapped_ranges[i].damaged = &h->damaged;
+        /* release: end and damaged before the handler can match base */
+        smp_store_release(&mapped_ranges[i].base, (uintptr_t)h->base);
+        return;
+    }
+    /* Over RDV_MAX_MAPPED mappings: this one is not protected. */
+}
+
+static void unwatch_range(rdv_t *h) {
+    for (int i = 0; i < RDV_MAX_MAPPED; i++)
+        if (READ_ONCE(mapped_ranges[i].base) == (uintptr_t)h->base) { /* relaxed: ours to clear */
+            WRITE_ONCE(mapped_ranges[i].base, 0); /* first: the handler stops matching it */
+            smp_store_release(&mapped_ranges[i].end, 0); /* then the entry is free again */
+            return;
+        }
+}
+
 static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
     int err = 0;
     uint8_t *base = rdv_map(fd, l->total, fresh, &err);
@@ -51,6 +113,7 @@ static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
     h->refs = 1;
     h->pid = rdv_pid();
     pthread_mutex_init(&h->mark_lock, NULL);
+    pthread_mutex_init(&h->key_count_lock, NULL);
     pthread_mutex_init(&h->waiter_lock, NULL);
     /* Our own open file description, for the process-table byte locks
      * alone: the mapping holds fd's (the caller's) until it is unmapped, and
@@ -63,13 +126,27 @@ static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
         free(h);
         return e;
     }
+    watch_range(h);
     *out = h;
     return 0;
 }
 
 void rdv_segment_unmap(rdv_t *h) {
+    unwatch_range(h); /* before the addresses can be reused */
     rdv_unmap(h->base, h->map_len);
     rdv_segment_drop_locks(h);
+}
+
+int rdv_segment_check(rdv_t *h) {
+    /* relaxed, both: the mark is process-local, set by our SIGBUS handler */
+    if (READ_ONCE(h->damaged))
+        return -EFBIG;
+    int64_t size = h->fd >= 0 ? rdv_file_size(h->fd) : (int64_t)h->map_len;
+    if (size >= 0 && (uint64_t)size != h->map_len) {
+        WRITE_ONCE(h->damaged, 1);
+        return -EFBIG;
+    }
+    return 0;
 }
 
 void rdv_segment_drop_locks(rdv_t *h) {

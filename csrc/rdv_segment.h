@@ -26,6 +26,11 @@ int rdv_segment_attach(int fd, rdv_t **out);
 void rdv_segment_discard(rdv_t *h);
 /* Unmap a handle's segment; the struct stays (see rdv_open.c). */
 void rdv_segment_unmap(rdv_t *h);
+/* 0 while the segment is whole; -EFBIG once it was truncated under us: an
+ * access faulted past the cut (the SIGBUS handler marked the handle), or
+ * the file's size no longer matches the mapping (one fstat, checked here;
+ * the damaged mark is then set too). */
+int rdv_segment_check(rdv_t *h);
 /* In a forked child, for a handle inherited from the parent: close our copy
  * of its lock file description, so the parent's locks end with the parent. */
 void rdv_segment_drop_locks(rdv_t *h);

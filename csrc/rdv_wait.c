@@ -34,6 +34,11 @@ int rdv_deadline_left(const struct rdv_deadline *d, int64_t *left_ns) {
 }
 
 int rdv_is_aborted(const rdv_t *h) {
+    /* A handle whose segment was truncated under it (rdv_segment.c) ends
+     * its waits as an abort does; its calls then fail with -EFBIG.
+     * relaxed: set by our own SIGBUS handler */
+    if (READ_ONCE(h->damaged))
+        return 1;
     /* acquire: pairs with the release store of RDV_ABORTED in rdv_abort, so
      * the reason is readable once the state is seen */
     return smp_load_acquire(&h->khdr->abort_state) != RDV_RUNNING;

@@ -16,6 +16,7 @@ struct rdv_deadline {
 void rdv_deadline_init(struct rdv_deadline *d, int64_t timeout_ns);
 /* 0 with the time left (INT64_MAX when forever), or -ETIMEDOUT. */
 int rdv_deadline_left(const struct rdv_deadline *d, int64_t *left_ns);
+/* Aborted, or this handle's segment was truncated under it: either ends every wait. */
 int rdv_is_aborted(const rdv_t *h);
 
 /* Wait until *kword differs from seen (or spuriously); 0, -ETIMEDOUT or

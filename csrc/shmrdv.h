@@ -20,7 +20,7 @@
 #define RDV_MAX_PROCS 128
 /* The shared layout's version: attach refuses a segment of another one. It
  * sits at byte 8 of every segment (after the magic), in every version. */
-#define RDV_LAYOUT_VERSION 6
+#define RDV_LAYOUT_VERSION 7
 /* A timeout of this many nanoseconds or more (about 146 years) waits
  * forever, as a negative one does: no deadline arithmetic overflows. */
 #define RDV_FOREVER_NS 4611686018427387904
@@ -57,6 +57,9 @@ struct rdv_stats {
      * their key because the key index was full: freed instead (see
      * rdv_recv_leased). Counted since the segment was created. */
     uint32_t leases_dropped;
+    /* Live keys as max_keys counts them: keys, unless an insert or delete is
+     * in progress (a check on the crash-safe count). */
+    uint64_t keys_counted;
 };
 
 /* Lifecycle. fd is an open POSIX shm object; the caller closes it afterwards. */

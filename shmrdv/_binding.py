@@ -19,7 +19,8 @@ _ERRORS: Dict[int, Tuple[Type[RendezvousError], str]] = {
     errno.ETIMEDOUT: (RendezvousTimeout, "timed out"),
     errno.EAGAIN: (RendezvousTimeout, "would block"),
     errno.EMSGSIZE: (MessageTooLarge, "message larger than the arena can ever hold: it can never fit"),
-    errno.ENOSPC: (TooManyKeys, "key index full (raise max_keys)"),
+    errno.ENOSPC: (TooManyKeys, "max_keys keys are live already (stats().max_keys): receive from some of them, "
+                   "or create the rendezvous with a larger max_keys"),
     errno.ENOBUFS: (RendezvousError, "no room in the arena for the record of a waiting receiver (4 KiB holds 62): "
                     "receive what is pending, drop views no longer needed, or create the rendezvous larger"),
     errno.EINVAL: (InvalidArgument, "invalid argument"),
@@ -27,7 +28,9 @@ _ERRORS: Dict[int, Tuple[Type[RendezvousError], str]] = {
     errno.EBADMSG: (SegmentMismatch, "segment metadata is damaged or inconsistent"),
     errno.EPROTO: (SegmentMismatch, "not a shmrdv segment (bad magic)"),
     errno.EPROTONOSUPPORT: (SegmentMismatch, "segment has another layout version"),
-    errno.EFBIG: (SegmentMismatch, "segment size does not match its header"),
+    errno.EFBIG: (SegmentMismatch, "segment size does not match its header: another process truncated (or grew) "
+                  "its file; what lay past the cut is lost, so recreate the rendezvous (shmrdv rm NAME, then open it "
+                  "again)"),
     errno.EOWNERDEAD: (SegmentMismatch, "segment never initialised: its creator died"),
     errno.EUSERS: (RendezvousError, f"too many handles attached ({lib.RDV_MAX_PROCS})"),
     errno.ENOTUNIQ: (RendezvousError, "two keys share a 128-bit hash; the message was left queued"),

@@ -1111,6 +1111,7 @@ class Rendezvous:
             max_keys=out.max_keys,
             aborted=bool(out.aborted),
             leases_dropped=out.leases_dropped,
+            keys_counted=out.keys_counted,
         )
 
     def processes(self) -> List[ProcessInfo]:

@@ -32,7 +32,8 @@ class Stats:
     capacity: int
     """Arena size in bytes."""
     max_keys: int
-    """How many keys the index holds at most."""
+    """How many keys may be live at once: a send that would make one more
+    raises ``TooManyKeys``."""
     aborted: bool
     """Whether the rendezvous has been aborted."""
     waiter_bytes: int = 0
@@ -43,6 +44,10 @@ class Stats:
     """Leased messages (``recv(..., lease=True)``) of dead receivers that
     could not go back to their key because the key index was full, and were
     freed instead."""
+    keys_counted: int = 0
+    """Live keys as ``max_keys`` counts them (a crash-safe count kept beside
+    the index): equal to ``keys`` whenever no send or receive is creating or
+    deleting a key."""
 
 
 @dataclass(frozen=True)

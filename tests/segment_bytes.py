@@ -1,4 +1,4 @@
-"""A segment's bytes as a test sees them: the layout (version 5) and helpers that read and
+"""A segment's bytes as a test sees them: the layout (version 7) and helpers that read and
 poke it, to put a segment in the state a death or damage leaves. One place for every offset
 the tests rely on; csrc/rdv_layout.h pins the same offsets with _Static_asserts."""
 import mmap
@@ -12,9 +12,11 @@ GRANULE_BITS = 30
 MIN_BLOCK = 4  # granules
 MARKS = 3 * 64 + 1024  # marks[0]; 32 B each
 ARENA_CTL = MARKS + 32 * 64
+MAX_KEYS = 64 + 16
 LEASES_DROPPED = 64 + 28
 PROC_ENTRY = 256
-MARK_RECORD = 32 + 4 * 46  # in a process entry
+KEY_COUNT = 32  # in a process entry: net << 27 | change in progress
+MARK_RECORD = 40 + 4 * 44  # in a process entry
 DEAD = 100  # a process-table entry that no live process holds
 
 BUSY, FREE, END = 0x40000000, 0x80000000, 0xC0000000

@@ -90,7 +90,7 @@ def test_damage_gives_an_error_never_a_crash(pristine, rdv_name, data):
 
 @pytest.mark.parametrize(
     "offset, value, message",
-    [(0, 0x00, "magic"), (8, 0x07, "layout version"), (24, 0x01, "damaged")],
+    [(0, 0x00, "magic"), (8, 0x09, "layout version"), (24, 0x01, "damaged")],
 )
 def test_named_damage_is_named_in_the_error(pristine, rdv_name, offset, value, message):
     raw = bytearray(pristine)
@@ -118,11 +118,11 @@ def test_truncated_segment_is_refused(pristine, rdv_name):
 
 def test_an_old_layout_version_is_named_with_ours(pristine, rdv_name):
     raw = bytearray(pristine)
-    raw[8:12] = (5).to_bytes(4, "little")  # the layout before waiter records
+    raw[8:12] = (6).to_bytes(4, "little")  # the layout before the key count
     path = segment_path(rdv_name)
     write_segment_file(path, bytes(raw))
     try:
-        with pytest.raises(shmrdv.SegmentMismatch, match=r"layout version 5, this shmrdv uses version 6.*shmrdv rm"):
+        with pytest.raises(shmrdv.SegmentMismatch, match=r"layout version 6, this shmrdv uses version 7.*shmrdv rm"):
             shmrdv.Rendezvous(rdv_name, create=False)
     finally:
         os.unlink(path)

@@ -18,7 +18,7 @@ from shmrdv._binding import ffi, lib
 
 from . import workers
 from .conftest import MiB, kill_process, only_me, wait_for
-from .segment_bytes import DEAD, DELIVERED, FLAGS, GRANULE, LEASED, OWNER, QUEUED, STAGE, Segment, granule_of
+from .segment_bytes import DEAD, DELIVERED, FLAGS, GRANULE, LEASED, MAX_KEYS, OWNER, QUEUED, STAGE, Segment, granule_of
 
 QUEUE_TIMEOUT = 30
 Q_HEAD, Q_TAIL, COUNT = 40, 44, 48  # in a key slot
@@ -207,6 +207,10 @@ def _to_dead(seg, *positions):
     _dead_entry(seg)
 
 
+def _raise_max_keys(seg, n):
+    seg.u64(MAX_KEYS, n)
+
+
 def _leases_dropped(rdv):
     out = ffi.new("struct rdv_stats *")
     assert lib.rdv_stats(rdv._handle(), out) == 0
@@ -285,9 +289,15 @@ def test_a_lease_with_no_room_in_the_key_index_is_freed_and_counted(rdv_name):
             _send_values(rdv, "k", [7])
             leased = _lease_raw(rdv, "k")  # its slot is deleted with its last message
             fillers = [f"f{i}" for i in range(64)]
-            for i, key in enumerate(fillers):  # every slot live
+            _send_values(rdv, fillers[0], [0])
+            with pytest.raises(shmrdv.TooManyKeys):  # max_keys: 1
+                rdv.send("one-too-many", np.zeros(1))
+            # A message going back to its key may pass max_keys (it was live
+            # before), up to a full index: fill every slot, as damage would.
+            _raise_max_keys(seg, 64)
+            for i, key in enumerate(fillers[1:], 1):
                 _send_values(rdv, key, [i])
-            with pytest.raises(shmrdv.TooManyKeys):
+            with pytest.raises(shmrdv.TooManyKeys):  # no slot left at all
                 rdv.send("one-too-many", np.zeros(1))
             _to_dead(seg, leased)
             assert rdv.collect_garbage() == 1

@@ -380,3 +380,128 @@ def fork_grandchild(rdv):
     rdv.send("child-pid", np.array([os.getpid()]))
     rdv.recv("child-go", timeout=CHILD_TIMEOUT)
     rdv.close()
+
+
+def key_churn(name, worker, ready):
+    """Make and delete keys as fast as it can (a send to a fresh key, its
+    receive), until killed: deaths land inside inserts and deletes."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    ready.set()
+    one = np.zeros(1)
+    i = 0
+    while True:
+        key = f"churn-{worker}-{i % 64}"
+        rdv.send(key, one)
+        rdv.recv(key, timeout=CHILD_TIMEOUT)
+        i += 1
+
+
+def truncation_victim(name):
+    """Attached, holding a view and with a thread waiting in recv, when the
+    test truncates the segment (it writes a line to our stdin once it has).
+    Every call afterwards must raise SegmentMismatch, reading the view must
+    not kill us, and the waiter must end. Prints one line per check."""
+    import sys
+    import threading
+
+    rdv = shmrdv.Rendezvous(name, create=False)
+    rdv.send("big", np.arange(300_000, dtype=np.int64))  # 2.4 MB: most of the arena
+    view = rdv.recv("big", timeout=CHILD_TIMEOUT)
+    rdv.send("queued", np.arange(10))
+    waited = []
+
+    def wait():
+        try:
+            rdv.recv("never", timeout=CHILD_TIMEOUT)
+            waited.append("returned")
+        except shmrdv.SegmentMismatch as exc:
+            waited.append(f"SegmentMismatch {exc}")
+        except Exception as exc:  # noqa: BLE001: reported to the test
+            waited.append(f"{type(exc).__name__} {exc}")
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.2)  # in line, asleep
+    print("ready", flush=True)
+    sys.stdin.readline()  # the segment has been truncated
+    print(f"view sum {int(view.sum())}", flush=True)  # reads zeros past the cut; must not die
+    waiter.join(CHILD_TIMEOUT)  # a waiter's periodic look notices a cut nothing has touched yet
+    print(f"waiter: {waited[0] if waited else 'still waiting'}", flush=True)
+    for what, call in (("send", lambda: rdv.send("after", np.zeros(4))), ("recv", lambda: rdv.recv("queued", timeout=1)),
+                       ("stats", rdv.stats), ("try_recv", lambda: rdv.try_recv("queued"))):
+        try:
+            call()
+            print(f"{what}: no error", flush=True)
+        except shmrdv.SegmentMismatch as exc:
+            print(f"{what}: SegmentMismatch {exc}", flush=True)
+    del view
+    rdv.close()
+    print("closed", flush=True)
+
+
+FUZZ_OP_TIMEOUT = 0.3  # seconds each operation of a fuzz worker may wait
+
+
+def fuzz_worker(conn, worker):
+    """Runs trials the test sends (name, seed, seconds): attaches to the
+    rendezvous and makes random operations, each with a timeout, while the
+    test writes random bytes into the segment. Reports ("done", counts,
+    slowest operation in seconds, what it was); an operation may fail with
+    any documented error, but must end within its timeout."""
+    while True:
+        job = conn.recv()
+        if job is None:
+            return
+        name, seed, seconds = job
+        rng = random.Random(seed)
+        counts = {}
+        slowest, slowest_what = 0.0, ""
+
+        def timed(what, call):
+            nonlocal slowest, slowest_what
+            start = time.monotonic()
+            try:
+                call()
+                outcome = "ok"
+            except shmrdv.RendezvousError as exc:
+                outcome = type(exc).__name__
+            except (FileNotFoundError, PermissionError, ValueError, TypeError) as exc:
+                outcome = type(exc).__name__
+            took = time.monotonic() - start
+            if took > slowest:
+                slowest, slowest_what = took, what
+            counts[outcome] = counts.get(outcome, 0) + 1
+
+        rdv = None
+        try:
+            rdv = shmrdv.Rendezvous(name, create=False, timeout=FUZZ_OP_TIMEOUT)
+        except (shmrdv.RendezvousError, FileNotFoundError, PermissionError) as exc:
+            counts[f"attach {type(exc).__name__}"] = 1
+        end = time.monotonic() + seconds
+        held = []
+        while rdv is not None and time.monotonic() < end:
+            key = f"k{rng.randrange(8)}"
+            op = rng.randrange(7)
+            if op == 0:
+                timed("send", lambda: rdv.send(key, np.full(rng.choice((1, 100, 3000)), worker), timeout=FUZZ_OP_TIMEOUT))
+            elif op == 1:
+                timed("recv", lambda: held.append(rdv.recv(key, timeout=FUZZ_OP_TIMEOUT)))
+            elif op == 2:
+                timed("try_recv", lambda: rdv.try_recv(key))
+            elif op == 3:
+                timed("recv_any", lambda: rdv.recv_any([key, "k9"], timeout=FUZZ_OP_TIMEOUT))
+            elif op == 4:
+                timed("stats", rdv.stats)
+            elif op == 5:
+                def alloc():
+                    with rdv.alloc(key, (64,), np.int64, timeout=FUZZ_OP_TIMEOUT) as buf:
+                        buf[...] = worker
+                timed("alloc", alloc)
+            else:
+                timed("drop views", held.clear)
+            if len(held) > 4:
+                held.pop(0)
+        held.clear()
+        if rdv is not None:
+            timed("close", rdv.close)
+        conn.send(("done", counts, slowest, slowest_what))

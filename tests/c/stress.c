@@ -620,7 +620,8 @@ static int churn_kill_loop(rdv_t *h, const char *name) {
            (unsigned long long)leftovers, reclaimed, (unsigned long long)st.bytes_used,
            (unsigned long long)st.live_blocks);
     failed |= o.bad || o.sent != o.received || o.sent_sum != o.received_sum;
-    failed |= st.bytes_used != 0 || st.live_blocks != 0 || st.pending_messages != 0 || st.keys != 0;
+    failed |= st.bytes_used != 0 || st.live_blocks != 0 || st.pending_messages != 0 || st.keys != 0 ||
+              st.keys_counted != 0;
     return failed;
 }
 
@@ -749,7 +750,7 @@ static int waiter_kill_loop(rdv_t *h, const char *name) {
            (unsigned long long)st.keys, (unsigned long long)st.bytes_used,
            (unsigned long long)st.waiter_bytes);
     failed |= lost != 0 || again > WAIT_KILLS + WAITERS;
-    failed |= st.waiters != 0 || st.keys != 0 || st.bytes_used != 0 || st.waiter_bytes != 0;
+    failed |= st.waiters != 0 || st.keys != 0 || st.bytes_used != 0 || st.waiter_bytes != 0 || st.keys_counted != 0;
     return failed;
 }
 
@@ -795,7 +796,7 @@ int main(void) {
     printf("stress: %d messages, sent sum %llx, received sum %llx, pending %llu, bytes used %llu\n",
            PRODUCERS * MESSAGES, (unsigned long long)sent, (unsigned long long)received,
            (unsigned long long)st.pending_messages, (unsigned long long)st.bytes_used);
-    failed |= st.pending_messages || st.bytes_used || st.keys;
+    failed |= st.pending_messages || st.bytes_used || st.keys || st.keys_counted;
     failed |= marked_kill_loop(h, name);
     failed |= leased_kill_loop(h, name);
     failed |= churn_kill_loop(h, name);

@@ -5,8 +5,10 @@
  * on a memfd; liveness is faked through the handle's rdv_ops.
  *
  *   insert / find / delete, tombstones reused, keys that share a home slot,
- *   a full index (-ENOSPC, nothing left locked), concurrent inserts of the
- *   same keys, and lock words held by the dead (found through the fake
+ *   max_keys live keys and a full index (-ENOSPC, nothing left locked),
+ *   concurrent inserts of the same keys, and of more keys than max_keys
+ *   (exactly max_keys admitted), the key count of a holder that died in the
+ *   middle of an insert or delete (finished or undone), lock words held by the dead (found through the fake
  *   alive table, cleared by the fake dead_holder hook), by nobody (a word
  *   naming no entry) and by the living (waited for, never broken). */
 #define _GNU_SOURCE
@@ -88,7 +90,24 @@ static void drop_segment(rdv_t *h, int fd) {
     close(fd);
 }
 
-static void reset_index(rdv_t *h) { memset(h->kslots, 0, (h->slot_mask + 1) * sizeof *h->kslots); }
+static void reset_index(rdv_t *h) {
+    memset(h->kslots, 0, (h->slot_mask + 1) * sizeof *h->kslots);
+    for (uint32_t i = 0; i < RDV_MAX_PROCS; i++)
+        h->kprocs[i].key_count = 0;
+    h->khdr->keys_approx = 0;
+}
+
+/* The key count agrees with the slots (nothing in progress). */
+static void check_count(rdv_t *h) {
+    int64_t live = 0;
+    for (uint64_t i = 0; i <= h->slot_mask; i++)
+        live += h->kslots[i].state == RDV_SLOT_LIVE;
+    CHECK(rdv_index_live_keys(h) == live, "the key count says %lld, %lld slots are live",
+          (long long)rdv_index_live_keys(h), (long long)live);
+    CHECK(h->khdr->keys_approx == live, "keys_approx %lld, %lld live", (long long)h->khdr->keys_approx, (long long)live);
+    for (uint32_t i = 0; i < RDV_MAX_PROCS; i++)
+        CHECK(RDV_KC_SLOT(h->kprocs[i].key_count) == 0, "entry %u: a count change left in progress", i);
+}
 
 /* No lock word of the index is held. */
 static void check_unlocked(rdv_t *h) {
@@ -257,10 +276,53 @@ static void test_tombstones(rdv_t *h) {
     printf("unit_index: tombstones: ok (home %llu)\n", (unsigned long long)home);
 }
 
+/* max_keys live keys: one more is refused, until one is deleted. */
+static void test_max_keys(rdv_t *h) {
+    phase = "max_keys";
+    reset_index(h);
+    uint64_t max = h->khdr->max_keys;
+    char key[64];
+    for (uint64_t i = 0; i < max; i++) {
+        snprintf(key, sizeof key, "/job:w/task:0;max;%llu", (unsigned long long)i);
+        put(h, key, (uint32_t)strlen(key));
+    }
+    uint32_t idx;
+    CHECK(rdv_index_acquire(h, "one too many", 12, 1, &idx) == -ENOSPC, "insert %llu of max_keys %llu",
+          (unsigned long long)max + 1, (unsigned long long)max);
+    check_unlocked(h);
+    check_count(h);
+    for (uint64_t i = 0; i < max; i++) { /* the keys already there still work */
+        snprintf(key, sizeof key, "/job:w/task:0;max;%llu", (unsigned long long)i);
+        CHECK(put(h, key, (uint32_t)strlen(key)) <= h->slot_mask, "key %llu", (unsigned long long)i);
+    }
+    snprintf(key, sizeof key, "/job:w/task:0;max;%d", 3);
+    del(h, key, (uint32_t)strlen(key));
+    put(h, "one too many", 12);
+    CHECK(rdv_index_acquire(h, "and another", 11, 1, &idx) == -ENOSPC, "a second one too many");
+    /* a message going back to its key may pass the limit: it was live before */
+    CHECK(rdv_index_acquire(h, "restored", 8, RDV_INDEX_RESTORE, &idx) == 0, "a restore past max_keys");
+    rdv_index_release(h, idx);
+    CHECK(rdv_index_live_keys(h) == (int64_t)max + 1, "a restore is counted");
+    del(h, "restored", 8);
+    /* a total left high by a death (between a delete's state and its
+     * total): the sum decides, and the limit still holds exactly */
+    del(h, "one too many", 12);
+    h->khdr->keys_approx += 5;
+    put(h, "and another", 11);
+    CHECK(rdv_index_acquire(h, "and a third", 11, 1, &idx) == -ENOSPC, "past max_keys with a high total");
+    h->khdr->keys_approx -= 5;
+    check_unlocked(h);
+    check_count(h);
+    printf("unit_index: max_keys: %llu keys, ok\n", (unsigned long long)max);
+}
+
+/* A full index (damage, or max_keys raised in place: it is at most half the
+ * slots): inserts fail, lookups end. */
 static void test_full(rdv_t *h) {
     phase = "full";
     reset_index(h);
-    uint64_t slots = h->slot_mask + 1;
+    uint64_t slots = h->slot_mask + 1, max = h->khdr->max_keys;
+    h->khdr->max_keys = slots + 1;
     char key[64];
     for (uint64_t i = 0; i < slots; i++) {
         snprintf(key, sizeof key, "/job:w/task:0;full;%llu", (unsigned long long)i);
@@ -294,7 +356,93 @@ static void test_full(rdv_t *h) {
     CHECK(find(h, "never there", 11) < 0, "find among tombstones");
     put(h, "and another", 11);
     check_unlocked(h);
+    check_count(h);
+    h->khdr->max_keys = max;
     printf("unit_index: full: %llu slots, ok\n", (unsigned long long)slots);
+}
+
+/* A holder that died in the middle of an insert or a delete, after the
+ * count word and before or after the slot's state: the repair finishes or
+ * undoes the count from the state alone. */
+static void test_count_repair(rdv_t *h) {
+    phase = "count repair";
+    struct { int deleting, state_done; int64_t net_after; } cases[] = {
+        {0, 0, 0}, /* insert, state never set: undone */
+        {0, 1, 1}, /* insert, state LIVE: kept */
+        {1, 0, 1}, /* delete, state still LIVE: undone */
+        {1, 1, 0}, /* delete, state TOMB: kept */
+    };
+    for (unsigned c = 0; c < sizeof cases / sizeof *cases; c++) {
+        reset_index(h);
+        uint32_t idx = 5;
+        struct rdv_slot *s = &h->kslots[idx];
+        int64_t before = cases[c].deleting ? 1 : 0; /* the dead's net before its change */
+        int live_after = cases[c].deleting ? !cases[c].state_done : cases[c].state_done;
+        s->state = live_after ? RDV_SLOT_LIVE : RDV_SLOT_TOMB;
+        s->lock = DEAD + 1;
+        int64_t begun = before + (cases[c].deleting ? -1 : +1);
+        h->kprocs[DEAD].key_count = RDV_KC_WORD(begun, (idx + 1) | (cases[c].deleting ? RDV_KC_DELETE : 0));
+        rdv_index_count_repair(h, DEAD, idx);
+        uint64_t w = h->kprocs[DEAD].key_count;
+        CHECK(RDV_KC_SLOT(w) == 0 && RDV_KC_NET(w) == cases[c].net_after, "case %u: net %lld, slot %u", c,
+              (long long)RDV_KC_NET(w), RDV_KC_SLOT(w));
+        /* a change at another slot is not this slot's to repair */
+        h->kprocs[DEAD].key_count = RDV_KC_WORD(3, 9 + 1);
+        rdv_index_count_repair(h, DEAD, idx);
+        CHECK(h->kprocs[DEAD].key_count == RDV_KC_WORD(3, 9 + 1), "case %u: another slot's change repaired", c);
+        s->lock = 0;
+    }
+    reset_index(h);
+    printf("unit_index: count repair: ok\n");
+}
+
+/* More distinct keys than max_keys, inserted at once by several threads:
+ * exactly max_keys are admitted. */
+#define LIMIT_THREADS 6
+static rdv_t *limit_h;
+static pthread_barrier_t limit_barrier;
+static int limit_admitted;
+
+static void *limit_race(void *arg) {
+    uintptr_t t = (uintptr_t)arg;
+    char key[64];
+    pthread_barrier_wait(&limit_barrier);
+    for (int i = 0; i < 12; i++) {
+        snprintf(key, sizeof key, "/job:w/task:0;limit;%d;%d", (int)t, i);
+        uint32_t idx;
+        int rc = rdv_index_acquire(limit_h, key, (uint32_t)strlen(key), 1, &idx);
+        CHECK(rc == 0 || rc == -ENOSPC, "insert under the limit race: %d", rc);
+        if (rc == 0) {
+            rdv_index_release(limit_h, idx);
+            __atomic_fetch_add(&limit_admitted, 1, __ATOMIC_RELAXED);
+        }
+    }
+    return NULL;
+}
+
+static void test_limit_race(rdv_t *h) {
+    phase = "limit race";
+    for (int round = 0; round < 50; round++) {
+        reset_index(h);
+        limit_h = h;
+        limit_admitted = 0;
+        if (round % 2)
+            h->khdr->keys_approx = 3; /* a high total: every insert near the limit sums */
+        pthread_barrier_init(&limit_barrier, NULL, LIMIT_THREADS);
+        pthread_t th[LIMIT_THREADS];
+        for (uintptr_t t = 0; t < LIMIT_THREADS; t++)
+            CHECK(pthread_create(&th[t], NULL, limit_race, (void *)t) == 0, "pthread_create");
+        for (int t = 0; t < LIMIT_THREADS; t++)
+            pthread_join(th[t], NULL);
+        pthread_barrier_destroy(&limit_barrier);
+        CHECK(limit_admitted == (int)h->khdr->max_keys, "round %d: %d keys admitted, max_keys %llu", round,
+              limit_admitted, (unsigned long long)h->khdr->max_keys);
+        CHECK(rdv_index_live_keys(h) == (int64_t)h->khdr->max_keys, "round %d: count %lld", round,
+              (long long)rdv_index_live_keys(h));
+        check_unlocked(h);
+    }
+    reset_index(h);
+    printf("unit_index: limit race: %d threads x 12 keys, exactly max_keys admitted, 50 rounds\n", LIMIT_THREADS);
 }
 
 /* Threads insert the same keys in different orders, round after round:
@@ -330,6 +478,7 @@ static void race_check_round(rdv_t *h, int round) {
         live += h->kslots[i].state == RDV_SLOT_LIVE;
     CHECK(live == RACE_KEYS, "round %d: %llu live slots", round, (unsigned long long)live);
     check_unlocked(h);
+    check_count(h);
     for (int k = 0; k < RACE_KEYS; k++) {
         race_key(key, round, k);
         del(h, key, (uint32_t)strlen(key));
@@ -448,11 +597,14 @@ static void test_dead_holder(rdv_t *h) {
 int main(void) {
     int64_t t0 = rdv_now_ns();
     int fd;
-    rdv_t *h = make_segment(16, &fd); /* 64 slots */
+    rdv_t *h = make_segment(32, &fd); /* 64 slots */
     CHECK(h->slot_mask == 63, "64 slots expected, got %llu", (unsigned long long)h->slot_mask + 1);
     test_basic(h);
     test_tombstones(h);
+    test_max_keys(h);
     test_full(h);
+    test_count_repair(h);
+    test_limit_race(h);
     test_race(h);
     test_dead_holder(h);
     drop_segment(h, fd);
