@@ -122,7 +122,7 @@ static int count_admit(rdv_t *h, uint32_t idx, int create) {
     int64_t limit = (int64_t)h->khdr->max_keys;
     /* acq_rel: a total that orders the inserts that skip the sum after every
      * count word already begun; pairs with itself */
-    if (rdv_fetch_add(&h->khdr->keys_approx, 1, __ATOMIC_ACQ_REL) < limit || create == RDV_INDEX_RESTORE)
+    if (rdv_fetch_add(&h->khdr->arena.keys_approx, 1, __ATOMIC_ACQ_REL) < limit || create == RDV_INDEX_RESTORE)
         return 0;
     /* Near the limit: sum, one inserter at a time. Undo our count while we
      * wait for the lock (a dead holder's reclaim may change counts of ours). */
@@ -140,7 +140,7 @@ static int count_admit(rdv_t *h, uint32_t idx, int create) {
     int rc = count_exact(h) > limit ? -ENOSPC : 0;
     if (rc < 0) {
         count_end(h, idx, -1);
-        rdv_fetch_add(&h->khdr->keys_approx, -1, __ATOMIC_ACQ_REL); /* as above */
+        rdv_fetch_add(&h->khdr->arena.keys_approx, -1, __ATOMIC_ACQ_REL); /* as above */
     }
     rdv_unlock(&h->khdr->keys_lock);
     return rc;
@@ -245,6 +245,6 @@ void rdv_index_maybe_delete(rdv_t *h, uint32_t idx) {
         count_end(h, idx, 0);
         /* acq_rel: as in count_admit; after the state, so a death between
          * leaves the total high, never low */
-        rdv_fetch_add(&h->khdr->keys_approx, -1, __ATOMIC_ACQ_REL);
+        rdv_fetch_add(&h->khdr->arena.keys_approx, -1, __ATOMIC_ACQ_REL);
     }
 }

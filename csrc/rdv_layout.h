@@ -64,7 +64,12 @@ struct rdv_arena_ctl {
     uint64_t free_bytes;  /* in free blocks */
     uint64_t live_blocks;
     uint32_t fl_bitmap;   /* bit f: some list of first level f is not empty */
-    uint8_t pad0[RDV_LINE - 44];
+    uint32_t pad0;
+    /* The key count's running total (rdv_index.c), not the arena's: on this
+     * line because a send's alloc has just pulled the line into our cache,
+     * so the insert that links its message finds it there. */
+    int64_t keys_approx;
+    uint8_t pad0b[RDV_LINE - 56];
     /* line 1: producers waiting for space sleep on space_seq; every free
      * bumps it (rdv_wait.c's event count) */
     uint32_t space_seq;
@@ -116,14 +121,12 @@ struct rdv_header {
 
     struct rdv_arena_ctl arena;
 
-    /* How many keys are live, on a line of its own (rdv_index.c): the exact
-     * count is the sum of the process entries' key_count; approx is a
-     * running total, never below it, that lets an insert well under
-     * max_keys skip the sum; lock serialises the inserts that do sum. */
+    /* How many keys are live (rdv_index.c): the exact count is the sum of
+     * the process entries' key_count; arena.keys_approx is a running total,
+     * never below it, that lets an insert well under max_keys skip the sum;
+     * keys_lock serialises the inserts that do sum. */
     uint32_t keys_lock __attribute__((aligned(RDV_LINE))); /* rdv_lock word: holder's entry + 1 */
-    uint32_t keys_pad;
-    int64_t keys_approx;
-    uint8_t pad3[RDV_LINE - 16];
+    uint8_t pad3[RDV_LINE - 4];
 };
 
 _Static_assert(RDV_MAX_ARENA == (1ULL << (RDV_GRANULE_BITS + 6)) - RDV_PAGE && RDV_GRANULE == 1u << 6,

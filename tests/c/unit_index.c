@@ -94,7 +94,7 @@ static void reset_index(rdv_t *h) {
     memset(h->kslots, 0, (h->slot_mask + 1) * sizeof *h->kslots);
     for (uint32_t i = 0; i < RDV_MAX_PROCS; i++)
         h->kprocs[i].key_count = 0;
-    h->khdr->keys_approx = 0;
+    h->khdr->arena.keys_approx = 0;
 }
 
 /* The key count agrees with the slots (nothing in progress). */
@@ -104,7 +104,7 @@ static void check_count(rdv_t *h) {
         live += h->kslots[i].state == RDV_SLOT_LIVE;
     CHECK(rdv_index_live_keys(h) == live, "the key count says %lld, %lld slots are live",
           (long long)rdv_index_live_keys(h), (long long)live);
-    CHECK(h->khdr->keys_approx == live, "keys_approx %lld, %lld live", (long long)h->khdr->keys_approx, (long long)live);
+    CHECK(h->khdr->arena.keys_approx == live, "keys_approx %lld, %lld live", (long long)h->khdr->arena.keys_approx, (long long)live);
     for (uint32_t i = 0; i < RDV_MAX_PROCS; i++)
         CHECK(RDV_KC_SLOT(h->kprocs[i].key_count) == 0, "entry %u: a count change left in progress", i);
 }
@@ -307,10 +307,10 @@ static void test_max_keys(rdv_t *h) {
     /* a total left high by a death (between a delete's state and its
      * total): the sum decides, and the limit still holds exactly */
     del(h, "one too many", 12);
-    h->khdr->keys_approx += 5;
+    h->khdr->arena.keys_approx += 5;
     put(h, "and another", 11);
     CHECK(rdv_index_acquire(h, "and a third", 11, 1, &idx) == -ENOSPC, "past max_keys with a high total");
-    h->khdr->keys_approx -= 5;
+    h->khdr->arena.keys_approx -= 5;
     check_unlocked(h);
     check_count(h);
     printf("unit_index: max_keys: %llu keys, ok\n", (unsigned long long)max);
@@ -427,7 +427,7 @@ static void test_limit_race(rdv_t *h) {
         limit_h = h;
         limit_admitted = 0;
         if (round % 2)
-            h->khdr->keys_approx = 3; /* a high total: every insert near the limit sums */
+            h->khdr->arena.keys_approx = 3; /* a high total: every insert near the limit sums */
         pthread_barrier_init(&limit_barrier, NULL, LIMIT_THREADS);
         pthread_t th[LIMIT_THREADS];
         for (uintptr_t t = 0; t < LIMIT_THREADS; t++)
