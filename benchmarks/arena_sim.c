@@ -701,9 +701,9 @@ static double sync_floor_ns(uint64_t pairs) {
     uint64_t t0 = now_ns();
     for (uint64_t i = 0; i < pairs; i++) {
         rdv_lock(a.h, &ka->lock);
-        rdv_unlock(&ka->lock);
+        rdv_unlock(a.h, &ka->lock);
         rdv_lock(a.h, &ka->lock);
-        rdv_unlock(&ka->lock);
+        rdv_unlock(a.h, &ka->lock);
         WRITE_ONCE(ka->space_waker_cpu, rdv_cpu() + 1);
         rdv_wake_all(&ka->space_seq, &ka->space_sleepers);
     }

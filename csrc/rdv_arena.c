@@ -57,6 +57,8 @@
 
 #define NONE UINT32_MAX
 #define SEQ_MASK ((1ULL << (64 - RDV_GRANULE_BITS)) - 1)
+#define FL_MASK ((1u << RDV_FL_COUNT) - 1) /* the first-level classes that exist */
+#define SL_MASK ((1u << RDV_SL_COUNT) - 1)
 
 static inline uint32_t msb(uint32_t x) { return 31u - (uint32_t)__builtin_clz(x); }
 
@@ -117,6 +119,8 @@ static void list_insert(rdv_t *h, uint32_t g, uint32_t len) {
     uint32_t f, s;
     class_of(len, &f, &s);
     uint32_t head = ka->heads[f][s];
+    if (head && !free_len_at(h, head - 1))
+        head = 0; /* a damaged head: the list restarts here (a repair rebuilds the rest) */
     set_side(h, g + 1, head);
     set_side(h, g + 2, 0);
     if (head)
@@ -152,13 +156,15 @@ static int list_remove(rdv_t *h, uint32_t g, uint32_t len) {
 /* The first block of the first non-empty list at or above (f, s). */
 static uint32_t first_at_or_above(rdv_t *h, uint32_t f, uint32_t s) {
     struct rdv_arena_ctl *ka = &h->khdr->arena;
-    uint32_t slm = ka->sl_bitmap[f] & (~0u << s);
+    /* Bits past the classes that exist are damage: masked off, so that no
+     * index leaves heads[][]. */
+    uint32_t slm = ka->sl_bitmap[f] & (~0u << s) & SL_MASK;
     if (!slm) {
-        uint32_t flm = f + 1 < 32 ? ka->fl_bitmap & (~0u << (f + 1)) : 0;
+        uint32_t flm = f + 1 < RDV_FL_COUNT ? ka->fl_bitmap & (~0u << (f + 1)) & FL_MASK : 0;
         if (!flm)
             return NONE;
         f = (uint32_t)__builtin_ctz(flm);
-        slm = ka->sl_bitmap[f];
+        slm = ka->sl_bitmap[f] & SL_MASK;
         if (!slm)
             return NONE; /* bitmaps disagree: damage; the caller's fallback decides */
     }
@@ -369,7 +375,7 @@ int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos) {
         }
         rdv_arena_repair(h); /* damaged lists: rebuilt from the chain, then once more */
     }
-    rdv_unlock(&ka->lock);
+    rdv_unlock(h, &ka->lock);
     return rc;
 }
 
@@ -403,7 +409,7 @@ int rdv_arena_free(rdv_t *h, uint64_t pos) {
             rc = release(h, g, len);
         }
     }
-    rdv_unlock(&ka->lock);
+    rdv_unlock(h, &ka->lock);
     if (rc == 0)
         wake_space(h);
     return rc;
@@ -482,5 +488,5 @@ void rdv_arena_usage(rdv_t *h, uint64_t *live_bytes, uint64_t *free_bytes, uint6
         }
     }
     *largest_free = largest * RDV_GRANULE;
-    rdv_unlock(&ka->lock);
+    rdv_unlock(h, &ka->lock);
 }

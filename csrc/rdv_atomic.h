@@ -16,6 +16,8 @@
 /* Release store publishes every earlier write; pairs with load_acquire. */
 #define smp_store_release(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #define smp_load_acquire(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define smp_load_seq_cst(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define smp_store_seq_cst(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
 
 /* Full barrier: orders an earlier store before a later load (Dekker-style
  * waiter flags need it on both sides). */

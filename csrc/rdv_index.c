@@ -69,7 +69,9 @@ int rdv_index_find(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, uint32_
     uint64_t home = h1 & h->slot_mask;
     /* acquire: pairs with the release store in insert(); a concurrent insert
      * may still be missed, which callers handle by inserting under ins_lock */
-    uint32_t max_probe = smp_load_acquire(&h->kslots[home].max_probe);
+    uint64_t max_probe = smp_load_acquire(&h->kslots[home].max_probe);
+    if (max_probe > h->slot_mask)
+        max_probe = h->slot_mask; /* damage: a run longer than the table */
     for (uint64_t d = 0; d <= max_probe; d++) {
         uint64_t i = (home + d) & h->slot_mask;
         if (slot_matches(&h->kslots[i], h1, h2, key_len)) {
@@ -142,7 +144,7 @@ static int count_admit(rdv_t *h, uint32_t idx, int create) {
         count_end(h, idx, -1);
         rdv_fetch_add(&h->khdr->arena.keys_approx, -1, __ATOMIC_ACQ_REL); /* as above */
     }
-    rdv_unlock(&h->khdr->keys_lock);
+    rdv_unlock(h, &h->khdr->keys_lock);
     return rc;
 }
 
@@ -169,12 +171,12 @@ static int insert(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, int crea
             continue;
         rdv_lock(h, &s->lock);
         if (s->state == RDV_SLOT_LIVE) {
-            rdv_unlock(&s->lock);
+            rdv_unlock(h, &s->lock);
             continue;
         }
         count_begin(h, (uint32_t)i, +1);
         if (count_admit(h, (uint32_t)i, create) < 0) {
-            rdv_unlock(&s->lock);
+            rdv_unlock(h, &s->lock);
             return -ENOSPC;
         }
         /* relaxed: lookups read these lock-free only as a guess; the release
@@ -215,10 +217,10 @@ int rdv_index_acquire(rdv_t *h, const char *key, uint32_t key_len, int create, u
             rc = rdv_index_find(h, h1, h2, key_len, &i);
             if (rc == -ENOENT) {
                 rc = insert(h, h1, h2, key_len, create, idx);
-                rdv_unlock(&khome->ins_lock);
+                rdv_unlock(h, &khome->ins_lock);
                 return rc;
             }
-            rdv_unlock(&khome->ins_lock);
+            rdv_unlock(h, &khome->ins_lock);
         }
         struct rdv_slot *s = &h->kslots[i];
         rdv_lock(h, &s->lock);
@@ -226,12 +228,12 @@ int rdv_index_acquire(rdv_t *h, const char *key, uint32_t key_len, int create, u
             *idx = i;
             return 0;
         }
-        rdv_unlock(&s->lock); /* deleted or reused since the lookup */
+        rdv_unlock(h, &s->lock); /* deleted or reused since the lookup */
     }
 }
 
 void rdv_index_release(rdv_t *h, uint32_t idx) {
-    rdv_unlock(&h->kslots[idx].lock);
+    rdv_unlock(h, &h->kslots[idx].lock);
 }
 
 /* With the slot locked: turn it into a tombstone if nothing needs it. */

@@ -70,7 +70,7 @@ static int do_keys(rdv_t *h, struct rdv_key_info *out, uint32_t cap, uint32_t *n
                 memcpy(ki->key, (const char *)(m + 1) + 16ull * m->ndim, ki->key_len);
             }
         }
-        rdv_unlock(&s->lock);
+        rdv_unlock(h, &s->lock);
     }
     *n = k;
     return 0;

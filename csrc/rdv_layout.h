@@ -24,7 +24,7 @@
 #define RDV_MAX_ARENA ((uint64_t)RDV_MAX_ARENA_BYTES) /* shmrdv.h; granule indexes fit RDV_GRANULE_BITS */
 #define RDV_MIN_BLOCK 4u /* granules: a free block holds its start tag, two links, its end tag */
 /* RDV_MAX_PROCS (shmrdv.h): processes attached at once (handles, really) */
-#define RDV_PROC_SPARE 44 /* words of a process entry kept for later use */
+#define RDV_PROC_SPARE 43 /* words of a process entry kept for later use */
 
 /* Segregated free lists (two-level, TLSF-style): first level by the top set
  * bit of a block's length in granules, second level by the next
@@ -175,7 +175,13 @@ struct rdv_proc {
      * RDV_KC_NET(w), and RDV_KC_SLOT(w) = slot + 1 (0: none), with
      * RDV_KC_DELETE set for a delete. Kept across reuse of the entry. */
     uint64_t key_count;
-    uint32_t spare[RDV_PROC_SPARE];
+    uint32_t spare_a[6];
+    /* Lock words naming this entry that its holders hold or are about to
+     * take (rdv_lock.c): never 0 while one of them legitimately names it,
+     * so a lock word that names a live entry holding nothing is damage. On
+     * a line of its own from the bell's, which other processes write. */
+    uint32_t locks_held;
+    uint32_t spare[RDV_PROC_SPARE - 6];
     /* A mark change in progress (rdv_send_commit_marked, rdv_mark_set), so
      * that whoever reclaims us after a death in the middle can roll the mark
      * back if the change did not happen. One at a time per handle
@@ -191,8 +197,9 @@ struct rdv_proc {
 #define RDV_MARK_NO_MESSAGE UINT64_MAX
 
 _Static_assert(offsetof(struct rdv_proc, bell) == 16, "bell");
-_Static_assert(offsetof(struct rdv_proc, mark_state) == 40 + 4 * RDV_PROC_SPARE, "mark record");
+_Static_assert(offsetof(struct rdv_proc, mark_state) == 44 + 4 * RDV_PROC_SPARE, "mark record");
 _Static_assert(offsetof(struct rdv_proc, key_count) == 32, "key count is word-aligned");
+_Static_assert(offsetof(struct rdv_proc, locks_held) == RDV_LINE, "locks_held starts line 1");
 
 #define RDV_KC_SLOT_BITS 26 /* slot + 1 <= 2 * RDV_MAX_KEYS = 2^25 */
 #define RDV_KC_DELETE (1ull << RDV_KC_SLOT_BITS)

@@ -149,12 +149,12 @@ static void give_back(rdv_t *h, uint32_t who, const struct chain *c) {
      * The stores below cannot move above the hand-over, so a death after
      * any of them leaves the lock naming the dead. Lock waiters see a live
      * holder: we hold the dead's byte lock (and rdv.reclaiming). */
-    rdv_lock_hand_over(&s->lock, who);
+    rdv_lock_hand_over(h, &s->lock, who);
     if (rdv_is_aborted(h)) {
         /* rdv_abort drains each slot under its lock after setting the state:
          * a message queued after that drain would never be freed */
         rdv_index_maybe_delete(h, idx);
-        rdv_unlock(&s->lock);
+        rdv_unlock(h, &s->lock);
         free_chain(h, c, 0);
         return;
     }
@@ -182,7 +182,7 @@ static void give_back(rdv_t *h, uint32_t who, const struct chain *c) {
      * before, the lock still names the dead and its repair serves them. */
     rdv_queue_serve(h, idx, NULL);
     rdv_index_maybe_delete(h, idx);
-    rdv_unlock(&s->lock);
+    rdv_unlock(h, &s->lock);
 }
 
 void rdv_lease_recover(rdv_t *h, uint32_t dead) {

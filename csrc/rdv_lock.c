@@ -1,10 +1,53 @@
 /* Layer 3: lock words whose dead holders are found (see rdv_lock.h). */
+#include <string.h>
+
 #include "rdv_atomic.h"
 #include "rdv_lock.h"
 #include "rdv_os.h"
 
 /* Spins before a lock waiter asks whether the holder is still alive. */
 #define RDV_LOCK_CHECK_SPINS 4096
+/* Checks in a row (each RDV_LOCK_CHECK_SPINS spins apart, milliseconds in
+ * all) that must find the live entry a lock word names holding nothing
+ * before the word is taken for damage and freed. */
+#define RDV_LOCK_STALE_CHECKS 16
+
+/* This thread's share of each entry's locks_held, for the handle it last
+ * locked in: what it takes away when it asks whether the entry's other
+ * holders hold anything (a waiter's own intent is counted too). */
+static __thread struct {
+    const rdv_t *h;
+    uint16_t held[RDV_MAX_PROCS];
+} mine;
+
+static void count_hold(rdv_t *h, uint32_t who, int delta) {
+    uint32_t e = who - 1;
+    if (e >= RDV_MAX_PROCS)
+        return;
+    if (mine.h != h) {
+        /* Another handle: its counts start from here (a thread holds no lock
+         * of one segment while it locks another's). */
+        mine.h = h;
+        memset(mine.held, 0, sizeof mine.held);
+    }
+    if (delta < 0 && mine.held[e] == 0)
+        return; /* not counted by us (a dead holder's lock we free): see rdv_lock_forget */
+    mine.held[e] = (uint16_t)(mine.held[e] + delta);
+    /* seq_cst: an increment is visible before the CAS that takes the lock,
+     * a decrement only after the store that frees it, so the count covers
+     * every moment the word names the entry; pairs with the seq_cst load in
+     * holds_nothing */
+    rdv_fetch_add(&h->kprocs[e].locks_held, (uint32_t)delta, __ATOMIC_SEQ_CST);
+}
+
+/* Whether entry holder - 1's holders, this thread apart, hold no lock. */
+static int holds_nothing(rdv_t *h, uint32_t holder) {
+    uint32_t e = holder - 1;
+    int64_t n = (int32_t)smp_load_seq_cst(&h->kprocs[e].locks_held);
+    if (mine.h == h)
+        n -= mine.held[e];
+    return n <= 0;
+}
 
 /* A waiter has spun a while on a lock that `holder` holds. */
 static void check_holder(rdv_t *h, uint32_t *klock, uint32_t holder) {
@@ -21,6 +64,8 @@ static void check_holder(rdv_t *h, uint32_t *klock, uint32_t holder) {
 /* Take klock for who; `reentrant`: a word that already names who counts as
  * ours (a reclaimer acting for the dead holder). */
 static void take(rdv_t *h, uint32_t *klock, uint32_t who, int reentrant) {
+    count_hold(h, who, +1); /* before the CAS: see count_hold */
+    uint32_t suspect = 0, stale_checks = 0;
     for (unsigned spins = 0;; spins++) {
         /* relaxed read first: spin on a shared line without writing to it */
         uint32_t holder = READ_ONCE(*klock);
@@ -35,8 +80,23 @@ static void take(rdv_t *h, uint32_t *klock, uint32_t who, int reentrant) {
         rdv_cpu_relax();
         if ((spins & 63) == 63)
             rdv_yield(); /* the holder may be preempted on this CPU */
-        if (spins % RDV_LOCK_CHECK_SPINS == RDV_LOCK_CHECK_SPINS - 1)
-            check_holder(h, klock, holder); /* a dead holder's lock is repaired */
+        if (spins % RDV_LOCK_CHECK_SPINS != RDV_LOCK_CHECK_SPINS - 1)
+            continue;
+        check_holder(h, klock, holder); /* a dead holder's lock is repaired */
+        /* A live holder that holds nothing, check after check, while the
+         * word keeps naming it: damage wrote the word. A holder that really
+         * has it counts it from before its CAS to after its release. */
+        if (holder <= RDV_MAX_PROCS && holds_nothing(h, holder)) {
+            stale_checks = holder == suspect ? stale_checks + 1 : 1;
+            suspect = holder;
+        } else {
+            stale_checks = 0;
+        }
+        if (stale_checks >= RDV_LOCK_STALE_CHECKS) {
+            uint32_t expected = holder;
+            rdv_cas(klock, &expected, 0, __ATOMIC_RELEASE); /* release: as rdv_unlock */
+            stale_checks = 0;
+        }
     }
 }
 
@@ -44,13 +104,23 @@ void rdv_lock(rdv_t *h, uint32_t *klock) { take(h, klock, h->me + 1, 0); }
 
 void rdv_lock_as(rdv_t *h, uint32_t *klock, uint32_t who) { take(h, klock, who, 1); }
 
-void rdv_lock_hand_over(uint32_t *klock, uint32_t who) {
+void rdv_lock_hand_over(rdv_t *h, uint32_t *klock, uint32_t who) {
+    count_hold(h, who, +1);
     /* acquire: the holder's later stores cannot move above the hand-over */
-    rdv_exchange(klock, who, __ATOMIC_ACQUIRE);
+    uint32_t was = rdv_exchange(klock, who, __ATOMIC_ACQUIRE);
+    count_hold(h, was, -1);
 }
 
-void rdv_unlock(uint32_t *klock) {
+void rdv_unlock(rdv_t *h, uint32_t *klock) {
+    uint32_t holder = READ_ONCE(*klock); /* relaxed: ours, naming us or the dead we act as */
     /* release: publishes our writes under the lock to the next holder;
      * pairs with the acquire CAS in take() */
     smp_store_release(klock, 0);
+    if (holder)
+        count_hold(h, holder, -1);
+}
+
+void rdv_lock_forget(rdv_t *h, uint32_t entry) {
+    /* seq_cst: as in count_hold */
+    smp_store_seq_cst(&h->kprocs[entry].locks_held, 0);
 }

@@ -411,7 +411,7 @@ void rdv_queue_drain_all(rdv_t *h) {
             wake_waiters(h, s);
             rdv_index_maybe_delete(h, (uint32_t)i);
         }
-        rdv_unlock(&s->lock);
+        rdv_unlock(h, &s->lock);
         /* Freed after the unlock: a free may wait on the arena's lock and
          * reclaim a dead holder, whose repair takes slot locks. */
         uint64_t len;

@@ -44,12 +44,12 @@ static void reclaim_locks(rdv_t *h, uint32_t dead) {
      * us (we act as it) */
     if (READ_ONCE(ka->lock) == who) {
         rdv_arena_repair(h);
-        rdv_unlock(&ka->lock);
+        rdv_unlock(h, &ka->lock);
     }
     /* Held only to sum the key count: nothing to repair (the count words
      * are, with their slots, below). */
     if (READ_ONCE(h->khdr->keys_lock) == who)
-        rdv_unlock(&h->khdr->keys_lock);
+        rdv_unlock(h, &h->khdr->keys_lock);
     for (uint64_t i = 0; i <= h->slot_mask; i++) {
         struct rdv_slot *s = &h->kslots[i];
         if (READ_ONCE(s->lock) == who) {
@@ -59,7 +59,7 @@ static void reclaim_locks(rdv_t *h, uint32_t dead) {
              * lock still names the dead and the next repair does it again */
             rdv_queue_repair(h, (uint32_t)i, dead);
             rdv_index_maybe_delete(h, (uint32_t)i);
-            rdv_unlock(&s->lock);
+            rdv_unlock(h, &s->lock);
         }
     }
     for (uint64_t i = 0; i <= h->slot_mask; i++) {
@@ -87,7 +87,7 @@ static void reclaim_waiters(rdv_t *h, uint32_t dead) {
             if (w->slot == idx + 1)
                 rdv_waiter_rebuild(h, idx, who);
             rdv_index_maybe_delete(h, idx);
-            rdv_unlock(&s->lock);
+            rdv_unlock(h, &s->lock);
         }
 }
 
@@ -159,6 +159,7 @@ int rdv_recover_dead(rdv_t *h, uint32_t *reclaimed) {
             if (h->acting)
                 h->me = i; /* no entry of our own yet: its steps are recorded as its */
             reclaim_entry(h, i);
+            rdv_lock_forget(h, i); /* every lock naming it is free now */
             /* release: the repairs above happen before the entry is reused */
             smp_store_release(&p->state, RDV_PROC_FREE);
             n++;

@@ -16,7 +16,7 @@ MAX_KEYS = 64 + 16
 LEASES_DROPPED = 64 + 28
 PROC_ENTRY = 256
 KEY_COUNT = 32  # in a process entry: net << 27 | change in progress
-MARK_RECORD = 40 + 4 * 44  # in a process entry
+MARK_RECORD = 44 + 4 * 43  # in a process entry
 DEAD = 100  # a process-table entry that no live process holds
 
 BUSY, FREE, END = 0x40000000, 0x80000000, 0xC0000000
@@ -24,6 +24,8 @@ SL_BITS, SL_COUNT, FL_COUNT = 4, 16, GRANULE_BITS - 4 + 1
 # struct rdv_arena_ctl
 CTL_LOCK, CTL_CURSOR, CTL_SEQ, CTL_LIVE_BYTES, CTL_FREE_BYTES, CTL_LIVE_BLOCKS, CTL_FL = 0, 4, 8, 16, 24, 32, 40
 CTL_SL, CTL_HEADS = 128, 128 + 4 * FL_COUNT
+# struct rdv_slot
+SLOT_STATE, SLOT_Q_HEAD, SLOT_Q_TAIL, SLOT_COUNT = 8, 40, 44, 48
 # struct rdv_msg
 MSG_POS, STAGE, OWNER, FLAGS = 16, 31, 36, 38
 WRITING, QUEUED, DELIVERED = 1, 2, 3
@@ -92,6 +94,14 @@ class Segment:
         f, s = class_of(n)
         self.u32(self.heads(f, s), 0)
         self.ctl(CTL_SL + 4 * f, self.ctl(CTL_SL + 4 * f) & ~(1 << s))
+
+    def slot_with_key_count(self, count):
+        """Offset of the one live key slot with count messages queued."""
+        live = [self.index_off + 64 * i for i in range(self.slots)
+                if self.u32(self.index_off + 64 * i + SLOT_STATE) == 1
+                and self.u32(self.index_off + 64 * i + SLOT_COUNT) == count]
+        assert len(live) == 1, live
+        return live[0]
 
     def slot_with_head(self, g):
         """Offset of the live key slot whose queue starts at granule g."""

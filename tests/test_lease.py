@@ -18,10 +18,11 @@ from shmrdv._binding import ffi, lib
 
 from . import workers
 from .conftest import MiB, kill_process, only_me, wait_for
-from .segment_bytes import DEAD, DELIVERED, FLAGS, GRANULE, LEASED, MAX_KEYS, OWNER, QUEUED, STAGE, Segment, granule_of
+from .segment_bytes import (DEAD, DELIVERED, FLAGS, LEASED, MAX_KEYS, OWNER, QUEUED, SLOT_COUNT, SLOT_Q_HEAD,
+                            SLOT_Q_TAIL, STAGE, Segment, granule_of)
 
 QUEUE_TIMEOUT = 30
-Q_HEAD, Q_TAIL, COUNT = 40, 44, 48  # in a key slot
+Q_HEAD, Q_TAIL, COUNT = SLOT_Q_HEAD, SLOT_Q_TAIL, SLOT_COUNT  # in a key slot
 
 
 

@@ -439,7 +439,7 @@ def truncation_victim(name):
     print("closed", flush=True)
 
 
-FUZZ_OP_TIMEOUT = 0.3  # seconds each operation of a fuzz worker may wait
+FUZZ_OP_TIMEOUT = 0.05  # seconds each operation of a fuzz worker may wait
 
 
 def fuzz_worker(conn, worker):
@@ -505,3 +505,11 @@ def fuzz_worker(conn, worker):
         if rdv is not None:
             timed("close", rdv.close)
         conn.send(("done", counts, slowest, slowest_what))
+
+
+def attach_and_wait(name, ready):
+    """Attached and alive, holding nothing, until killed."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    ready.set()
+    time.sleep(CHILD_TIMEOUT)
+    rdv.close()

@@ -87,7 +87,7 @@ static void fake_dead_holder(rdv_t *h, uint32_t *klock, uint32_t holder) {
     if (READ_ONCE(*klock) == holder) {
         rdv_arena_repair(h);
         repairs++;
-        rdv_unlock(klock);
+        rdv_unlock(h, klock);
     }
 }
 
