@@ -431,7 +431,7 @@ static int do_recv_any_start(rdv_t *h, const char *keys, const uint32_t *key_len
         uint32_t i = (k.first + j) % nkeys, len, idx;
         const char *key = any_key(&k, i, &len);
         rc = rdv_index_acquire(h, key, len, RDV_INDEX_CREATE, &idx);
-        if (rc < 0) { /* the key index is full: no line to wait in */
+        if (rc < 0) { /* max_keys are live (or the index is full): no line to wait in */
             int left = leave(h, leader, flags, which, out);
             return left == 1 ? 0 : left < 0 ? left : rc; /* 1: served meanwhile, ours */
         }

@@ -111,11 +111,15 @@ static void count_end(rdv_t *h, uint32_t idx, int undo) {
     pthread_mutex_unlock(&h->key_count_lock);
 }
 
+/* The sum of every entry's net count. Each is kept modulo 2^37 (an entry
+ * that only makes keys others delete counts up without end), so the sum is
+ * taken modulo 2^37 as well and read as signed: exact, for the true total
+ * is far below 2^36. */
 static int64_t count_exact(rdv_t *h) {
-    int64_t n = 0;
+    uint64_t sum = 0;
     for (uint32_t i = 0; i < RDV_MAX_PROCS; i++)
-        n += RDV_KC_NET(READ_ONCE(h->kprocs[i].key_count)); /* relaxed: see count_admit */
-    return n;
+        sum += READ_ONCE(h->kprocs[i].key_count) >> RDV_KC_NET_SHIFT; /* relaxed: see count_admit */
+    return RDV_KC_NET(sum << RDV_KC_NET_SHIFT);
 }
 
 /* Admit the insert begun at slot idx (count_begin done), or undo it and
@@ -239,7 +243,7 @@ void rdv_index_release(rdv_t *h, uint32_t idx) {
 /* With the slot locked: turn it into a tombstone if nothing needs it. */
 void rdv_index_maybe_delete(rdv_t *h, uint32_t idx) {
     struct rdv_slot *s = &h->kslots[idx];
-    if (s->state == RDV_SLOT_LIVE && s->count == 0 && s->waiters == 0) {
+    if (s->state == RDV_SLOT_LIVE && s->count == 0 && s->waiters == 0) { /* plain: under the slot lock */
         count_begin(h, idx, -1);
         s->gen++;
         /* relaxed: lookups that still see LIVE re-check under the lock */

@@ -13,8 +13,9 @@
 #define RDV_LOCK_STALE_CHECKS 16
 
 /* This thread's share of each entry's locks_held, for the handle it last
- * locked in: what it takes away when it asks whether the entry's other
- * holders hold anything (a waiter's own intent is counted too). */
+ * locked in: a thread only takes away from a count what it added (a dead
+ * holder's lock freed by a reclaimer was counted by the dead; the count is
+ * zeroed when its entry is reclaimed, rdv_lock_forget). */
 static __thread struct {
     const rdv_t *h;
     uint16_t held[RDV_MAX_PROCS];
@@ -40,13 +41,18 @@ static void count_hold(rdv_t *h, uint32_t who, int delta) {
     rdv_fetch_add(&h->kprocs[e].locks_held, (uint32_t)delta, __ATOMIC_SEQ_CST);
 }
 
-/* Whether entry holder - 1's holders, this thread apart, hold no lock. */
-static int holds_nothing(rdv_t *h, uint32_t holder) {
+/* Whether entry holder - 1 holds no lock at all, our own attempt on this
+ * lock (counted as who) apart. Only a live entry's count says so: one being
+ * reclaimed, or FREE, is acted for by a reclaimer whose holds under its
+ * identity may not all be counted (a FREE entry's lock repaired as it). */
+static int holds_nothing(rdv_t *h, uint32_t holder, uint32_t who) {
     uint32_t e = holder - 1;
+    /* acquire: the state an entry was claimed with (rdv_live_claim) */
+    if (smp_load_acquire(&h->kprocs[e].state) != RDV_PROC_ALIVE)
+        return 0;
+    /* seq_cst: pairs with count_hold's RMWs */
     int64_t n = (int32_t)smp_load_seq_cst(&h->kprocs[e].locks_held);
-    if (mine.h == h)
-        n -= mine.held[e];
-    return n <= 0;
+    return n - (holder == who) <= 0;
 }
 
 /* A waiter has spun a while on a lock that `holder` holds. */
@@ -67,13 +73,15 @@ static void take(rdv_t *h, uint32_t *klock, uint32_t who, int reentrant) {
     count_hold(h, who, +1); /* before the CAS: see count_hold */
     uint32_t suspect = 0, stale_checks = 0;
     for (unsigned spins = 0;; spins++) {
-        /* relaxed read first: spin on a shared line without writing to it */
-        uint32_t holder = READ_ONCE(*klock);
+        /* acquire (not relaxed): a holder's count, stored before its CAS,
+         * is visible to holds_nothing once we read its value here */
+        uint32_t holder = smp_load_acquire(klock);
         if (holder == 0 || (reentrant && holder == who)) {
             /* acquire: pairs with the release in rdv_unlock; the previous
              * holder's writes are visible to us. The word names its holder
-             * (entry + 1) so that a dead holder can be found. */
-            if (rdv_cas(klock, &holder, who, __ATOMIC_ACQUIRE))
+             * (entry + 1) so that a dead holder can be found. Release too:
+             * our count (count_hold) is visible before the word names us. */
+            if (rdv_cas(klock, &holder, who, __ATOMIC_ACQ_REL))
                 return;
             continue;
         }
@@ -86,7 +94,7 @@ static void take(rdv_t *h, uint32_t *klock, uint32_t who, int reentrant) {
         /* A live holder that holds nothing, check after check, while the
          * word keeps naming it: damage wrote the word. A holder that really
          * has it counts it from before its CAS to after its release. */
-        if (holder <= RDV_MAX_PROCS && holds_nothing(h, holder)) {
+        if (holder <= RDV_MAX_PROCS && holds_nothing(h, holder, who)) {
             stale_checks = holder == suspect ? stale_checks + 1 : 1;
             suspect = holder;
         } else {

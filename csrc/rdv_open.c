@@ -35,14 +35,21 @@ static int register_handle(rdv_t *h) {
 static pthread_mutex_t mapped_lock = PTHREAD_MUTEX_INITIALIZER;
 static rdv_t *mapped;
 
-static void add_mapped(rdv_t *h) {
+/* The handle's lock description is opened and the handle listed in one
+ * hold of mapped_lock, which a fork waits for: a child never inherits a
+ * lock description that forget_inherited does not know of. */
+static int add_mapped(rdv_t *h, int fd) {
     pthread_mutex_lock(&mapped_lock);
-    h->prev_mapped = NULL;
-    h->next_mapped = mapped;
-    if (mapped)
-        mapped->prev_mapped = h;
-    mapped = h;
+    int rc = rdv_segment_lock_fd(h, fd);
+    if (rc == 0) {
+        h->prev_mapped = NULL;
+        h->next_mapped = mapped;
+        if (mapped)
+            mapped->prev_mapped = h;
+        mapped = h;
+    }
     pthread_mutex_unlock(&mapped_lock);
+    return rc;
 }
 
 static void drop_mapped(rdv_t *h) {
@@ -58,9 +65,13 @@ static void drop_mapped(rdv_t *h) {
 
 /* Before the lock byte of our entry is taken: a fork from then on must find
  * the handle in the list. */
-static int open_done(rdv_t *h) {
-    add_mapped(h);
-    int rc = register_handle(h);
+static int open_done(rdv_t *h, int fd) {
+    int rc = add_mapped(h, fd);
+    if (rc < 0) {
+        rdv_segment_discard(h);
+        return rc;
+    }
+    rc = register_handle(h);
     if (rc < 0) {
         drop_mapped(h);
         rdv_segment_discard(h);
@@ -74,14 +85,14 @@ int rdv_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out) {
         return rc;
     rdv_arena_init(*out);
     rdv_segment_publish(*out, fd);
-    return open_done(*out);
+    return open_done(*out, fd);
 }
 
 int rdv_attach(int fd, rdv_t **out) {
     int rc = rdv_segment_attach(fd, out);
     if (rc < 0)
         return rc;
-    return open_done(*out);
+    return open_done(*out, fd);
 }
 
 /* Closed handles stay allocated (see rdv_get) and reachable from here. */

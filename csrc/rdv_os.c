@@ -143,6 +143,12 @@ int rdv_reopen(int fd) {
     char path[40];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     int d = open(path, O_RDWR | O_CLOEXEC);
+    if (d < 0 && errno == ENOENT) {
+        /* No /proc mounted: a duplicate, sharing fd's description (a fork
+         * child's inherited copy then keeps our locks until it closes it) */
+        d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        return d < 0 ? -errno : d;
+    }
     if (d < 0)
         return -errno;
     struct stat a, b;
@@ -177,10 +183,15 @@ static struct sigaction sigbus_before;
 static int sigbus_installed;
 
 static void on_sigbus(int sig, siginfo_t *si, void *ctx) {
+    int saved_errno = errno; /* the interrupted code's */
     /* relaxed: set before the handler was installed, or a newer claim */
     int (*claim)(void *) = READ_ONCE(sigbus_claim);
-    if (si->si_code > 0 && claim && claim(si->si_addr)) /* a fault, not a kill(): si_addr is real */
+    /* BUS_ADRERR: an access past the end of a mapped file (not a memory
+     * error, not a kill(): si_addr is real) */
+    if (si->si_code == BUS_ADRERR && claim && claim(si->si_addr)) {
+        errno = saved_errno;
         return; /* the access is retried and succeeds */
+    }
     if (sigbus_before.sa_flags & SA_SIGINFO) {
         sigbus_before.sa_sigaction(sig, si, ctx);
     } else if (sigbus_before.sa_handler == SIG_DFL || sigbus_before.sa_handler == SIG_IGN) {
@@ -197,6 +208,8 @@ static void on_sigbus(int sig, siginfo_t *si, void *ctx) {
 
 int rdv_sigbus_route(int (*claim)(void *addr)) {
     WRITE_ONCE(sigbus_claim, claim); /* relaxed: read by the handler, see there */
+    /* acq_rel, process-local: one caller installs; another that returns
+     * before the install completes maps a segment unprotected for a moment */
     if (rdv_exchange(&sigbus_installed, 1, __ATOMIC_ACQ_REL))
         return 0;
     struct sigaction ours = {.sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART};

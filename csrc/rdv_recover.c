@@ -138,9 +138,11 @@ int rdv_recover_dead(rdv_t *h, uint32_t *reclaimed) {
     if (reclaimed)
         *reclaimed = 0;
     /* Every look for the dead (attach, gc, a waiter's tick, a stuck lock)
-     * also looks for a truncation: a cut segment is not walked. */
-    if (rdv_segment_check(h) < 0)
-        return -EFBIG;
+     * also looks for a truncation, which ends this handle's waits and fails
+     * its calls. The reclaim goes on all the same: it frees the locks the
+     * dead held, repaired, for processes that have not seen the cut yet
+     * (past it, it reads zeros: every walk here is bounded). */
+    int intact = rdv_segment_check(h);
     for (uint32_t i = 0; i < RDV_MAX_PROCS; i++) {
         struct rdv_proc *p = &h->kprocs[i];
         /* relaxed: a first look; the byte lock below decides */
@@ -170,20 +172,14 @@ int rdv_recover_dead(rdv_t *h, uint32_t *reclaimed) {
         wake_handed(h);
     if (reclaimed)
         *reclaimed = n;
-    return 0;
+    return intact;
 }
 
 void rdv_recover_reclaim_hook(rdv_t *h) { rdv_recover_dead(h, NULL); }
 
 void rdv_recover_dead_holder(rdv_t *h, uint32_t *klock, uint32_t holder) {
     uint32_t entry = holder - 1;
-    if (rdv_recover_dead(h, NULL) == -EFBIG) {
-        /* A truncated segment is not repaired: free the lock, so that the
-         * call waiting on it ends (with -EFBIG, see rdv_open.h's WITH_REF). */
-        uint32_t expected = holder;
-        rdv_cas(klock, &expected, 0, __ATOMIC_RELEASE); /* release: as rdv_unlock */
-        return;
-    }
+    rdv_recover_dead(h, NULL);
     /* A lock naming a FREE entry (damage, or a holder reclaimed without its
      * locks being found) is repaired on its own, under that entry's byte lock. */
     if (READ_ONCE(*klock) == holder && rdv_live_take(h, entry) == 0) { /* relaxed: re-checked */

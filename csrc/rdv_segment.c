@@ -53,12 +53,14 @@ static int claim_fault(void *addr) {
          * damaged are the range's */
         uintptr_t base = smp_load_acquire(&r->base);
         uintptr_t end = READ_ONCE(r->end); /* relaxed: ordered by the acquire above */
-        if (base == 0 || a < base || a >= end)
+        uint32_t *damaged = READ_ONCE(r->damaged); /* relaxed: as end */
+        /* acquire: base again, so end and damaged were not an entry reused under us */
+        if (base == 0 || a < base || a >= end || smp_load_acquire(&r->base) != base)
             continue;
         uintptr_t from = a & ~(uintptr_t)(RDV_PAGE - 1);
         if (rdv_map_zeros((void *)from, end - from) < 0)
             return 0;
-        WRITE_ONCE(*r->damaged, 1); /* relaxed: read by this process's calls, any thread */
+        WRITE_ONCE(*damaged, 1); /* relaxed: read by this process's calls, any thread */
         return 1;
     }
     return 0;
@@ -72,7 +74,7 @@ static void watch_range(rdv_t *h) {
          * release of 0 in unwatch_range */
         if (!rdv_cas(&mapped_ranges[i].end, &none, (uintptr_t)h->base + h->map_len, __ATOMIC_ACQUIRE))
             continue;
-        mapped_ranges[i].damaged = &h->damaged;
+        WRITE_ONCE(mapped_ranges[i].damaged, &h->damaged); /* relaxed: published by the release below */
         /* release: end and damaged before the handler can match base */
         smp_store_release(&mapped_ranges[i].base, (uintptr_t)h->base);
         return;
@@ -115,17 +117,7 @@ static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
     pthread_mutex_init(&h->mark_lock, NULL);
     pthread_mutex_init(&h->key_count_lock, NULL);
     pthread_mutex_init(&h->waiter_lock, NULL);
-    /* Our own open file description, for the process-table byte locks
-     * alone: the mapping holds fd's (the caller's) until it is unmapped, and
-     * a forked child inherits both, but it closes this one (rdv_open.c), so
-     * our locks die with us however long the child lives. */
-    h->fd = rdv_reopen(fd);
-    if (h->fd < 0) {
-        int e = h->fd;
-        rdv_unmap(base, l->total);
-        free(h);
-        return e;
-    }
+    h->fd = -1; /* rdv_segment_lock_fd */
     watch_range(h);
     *out = h;
     return 0;
@@ -135,6 +127,18 @@ void rdv_segment_unmap(rdv_t *h) {
     unwatch_range(h); /* before the addresses can be reused */
     rdv_unmap(h->base, h->map_len);
     rdv_segment_drop_locks(h);
+}
+
+int rdv_segment_lock_fd(rdv_t *h, int fd) {
+    /* Our own open file description, for the process-table byte locks
+     * alone: the mapping holds fd's (the caller's) until it is unmapped, and
+     * a forked child inherits both, but it closes this one (rdv_open.c), so
+     * our locks die with us however long the child lives. */
+    int d = rdv_reopen(fd);
+    if (d < 0)
+        return d;
+    h->fd = d;
+    return 0;
 }
 
 int rdv_segment_check(rdv_t *h) {

@@ -26,6 +26,9 @@ int rdv_segment_attach(int fd, rdv_t **out);
 void rdv_segment_discard(rdv_t *h);
 /* Unmap a handle's segment; the struct stays (see rdv_open.c). */
 void rdv_segment_unmap(rdv_t *h);
+/* Open the file description the handle's byte locks live on (a reopen of
+ * fd's file, see rdv_os.h), before any is taken. 0 or -errno. */
+int rdv_segment_lock_fd(rdv_t *h, int fd);
 /* 0 while the segment is whole; -EFBIG once it was truncated under us: an
  * access faulted past the cut (the SIGBUS handler marked the handle), or
  * the file's size no longer matches the mapping (one fstat, checked here;

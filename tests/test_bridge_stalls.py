@@ -119,3 +119,73 @@ def test_an_item_never_acknowledged_is_put_back_when_its_taker_stalls(served):
     assert _closed_by_bridge(sock, 10 * IDLE_S)
     sock.close()
     assert np.array_equal(rdv.recv("taken", timeout=10), np.arange(100))  # back under its key
+
+
+def test_a_tls_peer_silent_in_the_middle_of_a_message_is_dropped(tmp_path):
+    """The same over TLS, whose sockets time out in Python rather than in
+    the kernel."""
+    import socket
+    import ssl
+
+    from shmrdv.bridge import auth
+
+    from .test_bridge_security import _openssl_cert
+
+    cert, keyfile = _openssl_cert(tmp_path)
+    name = _new_name()
+    rdv = shmrdv.Rendezvous(name, size=4 * MiB, create=True)
+    bridge = BridgeProc(name, token_file=write_token(tmp_path / "token", TOKEN), log_path=str(tmp_path / "bridge.log"),
+                        extra=["--idle-timeout", str(IDLE_S), "--tls-cert", cert, "--tls-key", keyfile]).start()
+    try:
+        raw = socket.create_connection((bridge.host, bridge.port), timeout=10)
+        sock = ssl.create_default_context(cafile=cert).wrap_socket(raw, server_hostname="127.0.0.1")
+        reader = protocol.Reader(sock)
+        _cap, server_nonce = protocol.parse_hello(reader.expect(Frame.HELLO))
+        nonce = auth.nonce()
+        sock.sendall(protocol.auth(protocol.Role.CLIENT, 7, 1, nonce, auth.client_proof(TOKEN.encode(), server_nonce, nonce, 7, 1)))
+        reader.expect(Frame.WELCOME)
+        sock.sendall(_begin(1, "half", 1000) + protocol.header(Frame.DATA, 10, 1) + b"x" * 10)
+        assert _wait_for(lambda: rdv.stats().bytes_used > 0, 5)
+        started = time.monotonic()
+        assert _closed_by_bridge(sock, 10 * IDLE_S), "a TLS peer stalled mid-message was never dropped"
+        assert time.monotonic() - started <= 4 * IDLE_S
+        sock.close()
+        assert _wait_for(lambda: rdv.stats().bytes_used == 0, 5), rdv.stats()
+        assert "silent for" in bridge.logs()
+    finally:
+        bridge.kill()
+        rdv.close()
+        _remove_segment(name)
+
+
+def test_an_item_slower_to_send_than_the_idle_timeout_is_not_cut_short(served):
+    """A client that reads a large item steadily, but for longer than
+    --idle-timeout in all, then acknowledges it: served, not dropped (the
+    ACK is owed only once the whole item is out)."""
+    rdv, bridge = served
+    payload = np.arange(3 * MiB // 8, dtype=np.int64)
+    rdv.send("big", payload)
+    sock, reader = raw_session(bridge)
+    sock.setsockopt(__import__("socket").SOL_SOCKET, __import__("socket").SO_RCVBUF, 64 << 10)
+    sock.sendall(protocol.recv_request(1, b"big", -1))
+    kind, length, stream = reader.header()
+    assert (kind, stream) == (Frame.ITEM, 1)
+    meta = protocol.parse_meta(reader.body(length), protocol.MAX_MESSAGE)
+    got = bytearray(meta.nbytes)
+    view, filled, started = memoryview(got), 0, time.monotonic()
+    while filled < meta.nbytes:
+        kind, length, stream = reader.header()
+        assert kind is Frame.DATA
+        for off in range(0, length, 64 << 10):  # 64 KiB every 40 ms: ~2 s for 3 MiB
+            n = min(64 << 10, length - off)
+            reader.read_into(view[filled:filled + n])
+            filled += n
+            time.sleep(0.04)
+    assert time.monotonic() - started > 1.5 * IDLE_S
+    sock.sendall(protocol.ack(1, Ack.COMMITTED))
+    assert np.array_equal(np.frombuffer(got, dtype=np.int64), payload)
+    sock.sendall(protocol.recv_request(2, b"none", 0))  # still served
+    kind, length, stream = reader.header()
+    assert (kind, stream) == (Frame.ERROR, 2)
+    assert rdv.try_recv("big") is None  # delivered once, not put back
+    sock.close()

@@ -108,3 +108,24 @@ def test_the_count_survives_processes_killed_while_they_make_and_delete_keys(rdv
                 rdv.send("one-too-many", np.zeros(1))
         finally:
             rdv.unlink()
+
+
+def test_processes_racing_for_the_last_keys_get_exactly_max_keys(rdv_name):
+    # Each process counts in its own entry: the admission near the limit
+    # must sum the others' counts, in progress ones included.
+    ctx = multiprocessing.get_context("spawn")
+    with shmrdv.Rendezvous(rdv_name, size=8 * MiB, max_keys=100, create=True) as rdv:
+        try:
+            start, queue = ctx.Event(), ctx.Queue()
+            procs = [ctx.Process(target=workers.insert_keys, args=(rdv_name, w, 60, start, queue)) for w in range(3)]
+            for p in procs:
+                p.start()
+            time.sleep(0.5)
+            start.set()
+            admitted = sum(queue.get(timeout=60) for _ in procs)
+            for p in procs:
+                p.join(30)
+            assert admitted == 100
+            assert rdv.stats().keys == rdv.stats().keys_counted == 100
+        finally:
+            rdv.unlink()

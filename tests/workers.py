@@ -513,3 +513,18 @@ def attach_and_wait(name, ready):
     ready.set()
     time.sleep(CHILD_TIMEOUT)
     rdv.close()
+
+
+def insert_keys(name, worker, n, start, queue):
+    """Once start is set, send to n fresh keys; report how many were admitted."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    start.wait(CHILD_TIMEOUT)
+    admitted = 0
+    for i in range(n):
+        try:
+            rdv.send(f"p{worker}-{i}", np.zeros(1))
+            admitted += 1
+        except shmrdv.TooManyKeys:
+            pass
+    queue.put(admitted)
+    rdv.close()

@@ -436,6 +436,10 @@ class Reader:
             except TimeoutError as exc:
                 if self.deadline is not None:
                     raise ConnectionLost("deadline passed while reading") from exc
+                if self.on_quiet is not None:  # a TLS socket's idle timeout (set_io_timeouts)
+                    if self.on_quiet():
+                        raise ConnectionLost("the peer stalled") from None
+                    continue
                 raise ConnectionLost(f"connection failed: {exc}") from exc
             except OSError as exc:
                 if _timed_out(exc, "SSLWantReadError") and self.on_quiet is not None:
@@ -498,7 +502,7 @@ def send_all(sock: socket.socket, parts: List[Buffer]) -> None:
                     views[0] = views[0][sent:]
                     sent = 0
     except OSError as exc:
-        if _timed_out(exc, "SSLWantWriteError"):
+        if isinstance(exc, TimeoutError) or _timed_out(exc, "SSLWantWriteError"):
             raise ConnectionLost("the peer stopped reading: nothing could be sent for its idle timeout") from None
         raise ConnectionLost(f"connection failed: {exc}") from exc
 
@@ -515,7 +519,12 @@ def _timed_out(exc: OSError, tls_error: str) -> bool:
 def set_io_timeouts(sock: socket.socket, seconds: float) -> None:
     """Kernel timeouts on a blocking socket: a receive with nothing to read,
     or a send that can queue nothing, returns EAGAIN after seconds; no extra
-    system call per read or write, as a Python-level timeout would make."""
+    system call per read or write, as a Python-level timeout would make. A
+    TLS socket retries EAGAIN inside its own read and write loops, so it
+    gets a Python-level timeout instead (TimeoutError)."""
+    if _is_tls(sock):
+        sock.settimeout(seconds)
+        return
     whole = int(seconds)
     tv = struct.pack("@ll", whole, int((seconds - whole) * 1e6))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)

@@ -8,8 +8,11 @@ sender's dedupe window and acknowledged. ``connect()`` clients may also take
 messages out (RECV); a message handed out is held until the client
 acknowledges it, and goes back under its key if the connection drops first.
 """
+import fcntl
 import logging
 import socket
+import struct
+import termios
 import threading
 import time
 from concurrent.futures import Future
@@ -34,6 +37,15 @@ unread, before it is dropped and what it held is freed (--idle-timeout)."""
 # Keepalive probes find a peer whose host vanished even while it owes us
 # nothing: 30 s of silence, then 3 probes 10 s apart.
 _KEEPALIVE = ((socket.TCP_KEEPIDLE, 30), (socket.TCP_KEEPINTVL, 10), (socket.TCP_KEEPCNT, 3))
+
+
+def _unsent_bytes(sock: socket.socket) -> int:
+    """Bytes in sock's send queue that the peer has not acknowledged yet."""
+    try:
+        out = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")  # SIOCOUTQ
+    except OSError:
+        return 0
+    return struct.unpack("i", out)[0]
 
 
 def keep_alive(sock: socket.socket) -> None:
@@ -63,6 +75,10 @@ class Inbound:
         self._handshake_deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S if handshake_deadline is None else handshake_deadline
         self._idle_timeout = idle_timeout
         self._owed_since = 0.0  # when we last handed out an item (an ACK is owed from then)
+        # Bytes we sent that the peer has not yet taken (SIOCOUTQ), and when
+        # that last changed: a peer still taking our bytes is not stalled.
+        self._unsent, self._unsent_moved = 0, 0.0
+        self._sending = 0  # sends in progress (their own timeout covers a peer that stops reading)
         self._origins, self._token, self._on_abort = origins, token, on_abort
         self._max_message = max_message
         self._send_lock = threading.Lock()
@@ -92,7 +108,16 @@ class Inbound:
 
     def send(self, data: Any, *more: Any) -> None:
         with self._send_lock:
-            protocol.send_all(self.sock, [data, *more])
+            self._sending += 1
+            try:
+                protocol.send_all(self.sock, [data, *more])
+            except ConnectionLost:
+                # A send cut short may have left part of a frame on the wire:
+                # nothing more may follow it on this connection.
+                self.close()
+                raise
+            finally:
+                self._sending -= 1
 
     def abort(self, reason: str) -> None:
         try:
@@ -139,9 +164,13 @@ class Inbound:
         (a link with nothing to send, a client in a blocking RECV): it holds
         only its connection, and keepalive finds it if its host is gone."""
         reader = self._reader
-        if not (reader.mid_frame or self._incoming or self._handed_out):
-            return False
-        silent = time.monotonic() - max(reader.last_byte, self._owed_since)
+        if self._sending or not (reader.mid_frame or self._incoming or self._handed_out):
+            return False  # (a peer slow to read what we send is the send's timeout to judge)
+        now = time.monotonic()
+        unsent = _unsent_bytes(self.sock)
+        if unsent != self._unsent:  # it is still reading what we sent (an item, say)
+            self._unsent, self._unsent_moved = unsent, now
+        silent = now - max(reader.last_byte, self._owed_since, self._unsent_moved)
         if silent < self._idle_timeout:
             return False
         half = sum(1 for inc in self._incoming.values() if inc.alloc is not None)

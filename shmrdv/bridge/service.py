@@ -50,20 +50,25 @@ def tls_handshake(ctx: ssl.SSLContext, conn: socket.socket, deadline: float) -> 
     """The server side of a TLS handshake, done by deadline (time.monotonic())
     however the peer paces its bytes: TimeoutError past it."""
     tls = ctx.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
-    tls.setblocking(False)
-    while True:
-        try:
-            tls.do_handshake()
-            break
-        except (ssl.SSLWantReadError, ssl.SSLWantWriteError) as want:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                tls.close()
-                raise TimeoutError("handshake deadline passed") from None
-            reading = isinstance(want, ssl.SSLWantReadError)
-            select.select([tls] if reading else [], [] if reading else [tls], [], left)
-    tls.setblocking(True)
-    return tls
+    try:
+        tls.setblocking(False)
+        poller = select.poll()  # not select(): descriptors past 1023 are fine
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError) as want:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("handshake deadline passed") from None
+                poller.register(tls, select.POLLIN if isinstance(want, ssl.SSLWantReadError) else select.POLLOUT)
+                poller.poll(left * 1000)
+                poller.unregister(tls)
+        tls.setblocking(True)
+        return tls
+    except BaseException:
+        tls.close()
+        raise
 
 
 class Bridge:

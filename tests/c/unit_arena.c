@@ -107,6 +107,8 @@ static rdv_t *make_segment(uint64_t arena_bytes, int *fdp) {
     rdv_t *h;
     int rc = rdv_segment_create(fd, arena_bytes, 16, &h);
     CHECK(rc == 0, "rdv_segment_create: %d", rc);
+    rc = rdv_segment_lock_fd(h, fd);
+    CHECK(rc == 0, "rdv_segment_lock_fd: %d", rc);
     rdv_arena_init(h);
     rdv_segment_publish(h, fd);
     rc = rdv_live_claim(h);
@@ -1131,6 +1133,8 @@ static void churn(int memfd, int ready) {
     rdv_t *h;
     int rc = rdv_segment_attach(fd, &h);
     CHECK(rc == 0, "child: rdv_segment_attach: %d", rc);
+    rc = rdv_segment_lock_fd(h, fd);
+    CHECK(rc == 0, "child: rdv_segment_lock_fd: %d", rc);
     close(fd);
     rc = rdv_live_claim(h);
     CHECK(rc == 0, "child: rdv_live_claim: %d", rc);
