@@ -202,6 +202,25 @@ def test_tls_round_trip(tmp_path):
             _remove_segment(name)
 
 
+def _trickle(sock, data):
+    """Send data a byte every 0.2 s, never its last byte (it must be the
+    deadline that ends the handshake); after 5 s, well past a 1 s deadline,
+    whether the bridge has closed its side."""
+    for i in range(len(data) - 1):
+        try:
+            sock.sendall(data[i:i + 1])
+        except OSError:
+            return True
+        time.sleep(0.2)
+        if i >= 25:
+            sock.settimeout(2)
+            try:
+                return sock.recv(1) == b""
+            except OSError:
+                return True
+    return False
+
+
 def test_a_handshake_trickled_a_byte_at_a_time_is_dropped_at_its_deadline(tmp_path):
     """The handshake has one deadline, not a timeout per read: a peer that
     sends its AUTH one byte every 0.2 s (each read well within any per-read
@@ -216,21 +235,7 @@ def test_a_handshake_trickled_a_byte_at_a_time_is_dropped_at_its_deadline(tmp_pa
         _cap, server_nonce = protocol.parse_hello(reader.expect(Frame.HELLO))
         nonce = auth.nonce()
         frame = protocol.auth(protocol.Role.CLIENT, 7, 1, nonce, auth.client_proof(TOKEN.encode(), server_nonce, nonce, 7, 1))
-        dropped = False
-        for i in range(len(frame) - 1):  # never the last byte: it must be the deadline that ends it
-            try:
-                sock.sendall(frame[i:i + 1])
-            except OSError:
-                dropped = True
-                break
-            time.sleep(0.2)
-            if i >= 25:  # 5 s in, well past the 1 s deadline: the bridge has closed its side
-                sock.settimeout(2)
-                try:
-                    dropped = sock.recv(1) == b""
-                except OSError:
-                    dropped = True
-                break
+        dropped = _trickle(sock, frame)
         sock.close()
         assert dropped, "a trickled handshake outlived its deadline"
         assert "deadline passed" in bridge.logs()
@@ -257,21 +262,8 @@ def test_a_tls_handshake_trickled_a_byte_at_a_time_is_dropped_at_its_deadline(tm
             client.do_handshake()
         hello = outgoing.read()
         sock = socket.create_connection((bridge.host, bridge.port), timeout=10)
-        started, dropped = time.monotonic(), False
-        for i in range(len(hello) - 1):
-            try:
-                sock.sendall(hello[i:i + 1])
-            except OSError:
-                dropped = True
-                break
-            time.sleep(0.2)
-            if i >= 25:  # 5 s in
-                sock.settimeout(2)
-                try:
-                    dropped = sock.recv(1) == b""
-                except OSError:
-                    dropped = True
-                break
+        started = time.monotonic()
+        dropped = _trickle(sock, hello)
         sock.close()
         assert dropped and time.monotonic() - started < 8, "a trickled TLS handshake outlived its deadline"
         assert "handshake deadline passed" in bridge.logs()

@@ -126,6 +126,18 @@ static uint64_t home_of(rdv_t *h, const char *key, uint32_t len) {
 
 static int racing; /* threads share the index: a slot just released may be taken again */
 
+/* Run fn(0..n-1) on n threads that share barrier, and wait for them all. */
+static void run_threads(int n, pthread_barrier_t *barrier, void *(*fn)(void *)) {
+    pthread_t th[16];
+    CHECK(n <= 16, "%d threads", n);
+    pthread_barrier_init(barrier, NULL, (unsigned)n);
+    for (uintptr_t t = 0; t < (uintptr_t)n; t++)
+        CHECK(pthread_create(&th[t], NULL, fn, (void *)t) == 0, "pthread_create");
+    for (int t = 0; t < n; t++)
+        pthread_join(th[t], NULL);
+    pthread_barrier_destroy(barrier);
+}
+
 /* Insert (or find) a key: returns its slot, checked and unlocked again. */
 static uint32_t put(rdv_t *h, const char *key, uint32_t len) {
     uint32_t idx = UINT32_MAX;
@@ -439,13 +451,7 @@ static void test_limit_race(rdv_t *h) {
         limit_admitted = 0;
         if (round % 2)
             h->khdr->arena.keys_approx = 3; /* a high total: every insert near the limit sums */
-        pthread_barrier_init(&limit_barrier, NULL, LIMIT_THREADS);
-        pthread_t th[LIMIT_THREADS];
-        for (uintptr_t t = 0; t < LIMIT_THREADS; t++)
-            CHECK(pthread_create(&th[t], NULL, limit_race, (void *)t) == 0, "pthread_create");
-        for (int t = 0; t < LIMIT_THREADS; t++)
-            pthread_join(th[t], NULL);
-        pthread_barrier_destroy(&limit_barrier);
+        run_threads(LIMIT_THREADS, &limit_barrier, limit_race);
         CHECK(limit_admitted == (int)h->khdr->max_keys, "round %d: %d keys admitted, max_keys %llu", round,
               limit_admitted, (unsigned long long)h->khdr->max_keys);
         CHECK(rdv_index_live_keys(h) == (int64_t)h->khdr->max_keys, "round %d: count %lld", round,
@@ -518,13 +524,7 @@ static void test_race(rdv_t *h) {
     reset_index(h);
     race_h = h;
     racing = 1;
-    pthread_barrier_init(&race_barrier, NULL, RACE_THREADS);
-    pthread_t th[RACE_THREADS];
-    for (uintptr_t t = 0; t < RACE_THREADS; t++)
-        CHECK(pthread_create(&th[t], NULL, race, (void *)t) == 0, "pthread_create");
-    for (int t = 0; t < RACE_THREADS; t++)
-        pthread_join(th[t], NULL);
-    pthread_barrier_destroy(&race_barrier);
+    run_threads(RACE_THREADS, &race_barrier, race);
     racing = 0;
     check_unlocked(h);
     printf("unit_index: race: %d threads, %d rounds of %d keys, each key in one slot\n", RACE_THREADS,
