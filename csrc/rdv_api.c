@@ -622,8 +622,8 @@ int rdv_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
         if (rc_ < 0)                                                                               \
             return rc_;                                                                            \
         rc_ = (call);                                                                              \
-        if (rc_ < 0 && rdv_damaged(h))                                                             \
-            rc_ = -EFBIG; /* truncated during the call (WITH_REF) */                               \
+        if (rdv_damaged(h)) /* truncated during the call: a message it got may read zeros, so */   \
+            rc_ = -EFBIG;   /* it fails, and the payload's reference goes below (WITH_REF) */      \
         if (rc_ != 0 && rc_ != 1)                                                                  \
             rdv_put(h);                                                                            \
         return rc_;                                                                                \
