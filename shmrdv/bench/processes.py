@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 import contextlib
+import gc
 import glob
 import multiprocessing
 import os
@@ -206,8 +207,11 @@ _UNINTERRUPTIBLE = frozenset({"cleanup", "close", "__exit__", "__del__", "start"
 def _interruptible(frame: Any) -> bool:
     if sys.exc_info()[1] is not None:
         return False
+    # A handler can also run inside a gc callback (hypothesis installs one),
+    # whose exceptions Python prints and drops: the failure would be lost.
+    in_gc = {cb.__code__ for cb in gc.callbacks if hasattr(cb, "__code__")}
     while frame is not None:
-        if frame.f_code.co_name in _UNINTERRUPTIBLE:
+        if frame.f_code.co_name in _UNINTERRUPTIBLE or frame.f_code in in_gc:
             return False
         frame = frame.f_back
     return True
