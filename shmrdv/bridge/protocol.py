@@ -433,15 +433,9 @@ class Reader:
                 sock.settimeout(left)
             try:
                 n = sock.recv_into(view)
-            except TimeoutError as exc:
-                if self.deadline is not None:
-                    raise ConnectionLost("deadline passed while reading") from exc
-                if self.on_quiet is not None:  # a TLS socket's idle timeout (set_io_timeouts)
-                    if self.on_quiet():
-                        raise ConnectionLost("the peer stalled") from None
-                    continue
-                raise ConnectionLost(f"connection failed: {exc}") from exc
             except OSError as exc:
+                if self.deadline is not None and isinstance(exc, TimeoutError):
+                    raise ConnectionLost("deadline passed while reading") from exc
                 if _timed_out(exc, "SSLWantReadError") and self.on_quiet is not None:
                     if self.on_quiet():
                         raise ConnectionLost("the peer stalled") from None
@@ -502,15 +496,17 @@ def send_all(sock: socket.socket, parts: List[Buffer]) -> None:
                     views[0] = views[0][sent:]
                     sent = 0
     except OSError as exc:
-        if isinstance(exc, TimeoutError) or _timed_out(exc, "SSLWantWriteError"):
+        if _timed_out(exc, "SSLWantWriteError"):
             raise ConnectionLost("the peer stopped reading: nothing could be sent for its idle timeout") from None
         raise ConnectionLost(f"connection failed: {exc}") from exc
 
 
 def _timed_out(exc: OSError, tls_error: str) -> bool:
-    """Whether exc is a blocking socket's SO_RCVTIMEO or SO_SNDTIMEO passing:
-    EAGAIN, or on TLS the ssl error named tls_error (want-read, want-write)."""
-    if isinstance(exc, BlockingIOError):
+    """Whether exc is an idle timeout set by set_io_timeouts passing: a
+    blocking socket's SO_RCVTIMEO or SO_SNDTIMEO (EAGAIN), a TLS socket's
+    Python-level timeout (TimeoutError), or on TLS the ssl error named
+    tls_error (want-read, want-write)."""
+    if isinstance(exc, (BlockingIOError, TimeoutError)):
         return True
     ssl = sys.modules.get("ssl")  # no TLS socket exists unless ssl was loaded
     return ssl is not None and isinstance(exc, getattr(ssl, tls_error))
