@@ -227,3 +227,121 @@ uint32_t rdv_reaped(rdv_t *h, uint32_t *pids, uint32_t cap);
 
 /* Reclaim everything held by processes that died; *reclaimed counts them. */
 int rdv_gc(rdv_t *h, uint32_t *reclaimed);
+
+/* Collectives: a group of world_size processes (ranks) sharing one segment
+ * of its own, not a rendezvous's (rdv_coll.c, docs/architecture.md). */
+typedef struct rdv_group rdv_group_t;
+
+#define RDV_COLL_MAX_RANKS 64
+/* Bytes of a rank's data buffer, by default: a collective moves data in
+ * chunks of about this much per phase (each rank has two). */
+#define RDV_COLL_SLOT_BYTES 1048576
+/* An allreduce of at most this many bytes runs in one phase: every rank
+ * reduces all inputs itself rather than its share. */
+#define RDV_COLL_ONE_SHOT_BYTES 65536
+
+/* Collectives (struct rdv_coll_call.kind) */
+#define RDV_COLL_BARRIER 1
+#define RDV_COLL_ALLREDUCE 2
+#define RDV_COLL_BROADCAST 3
+#define RDV_COLL_ALLGATHER 4
+#define RDV_COLL_REDUCE_SCATTER 5
+#define RDV_COLL_REDUCE 6
+#define RDV_COLL_GATHER 7
+#define RDV_COLL_SCATTER 8
+#define RDV_COLL_ALLTOALL 9
+#define RDV_COLL_SCATTER_META 10 /* a broadcast of what scatter's root sends */
+
+/* Reduction ops */
+#define RDV_OP_SUM 1
+#define RDV_OP_PROD 2
+#define RDV_OP_MIN 3
+#define RDV_OP_MAX 4
+#define RDV_OP_MEAN 5
+#define RDV_OP_BAND 6
+#define RDV_OP_BOR 7
+#define RDV_OP_BXOR 8
+
+/* Element types */
+#define RDV_DT_BOOL 1
+#define RDV_DT_I8 2
+#define RDV_DT_U8 3
+#define RDV_DT_I16 4
+#define RDV_DT_U16 5
+#define RDV_DT_I32 6
+#define RDV_DT_U32 7
+#define RDV_DT_I64 8
+#define RDV_DT_U64 9
+#define RDV_DT_F16 10
+#define RDV_DT_BF16 11
+#define RDV_DT_F32 12
+#define RDV_DT_F64 13
+#define RDV_DT_C64 14
+#define RDV_DT_C128 15
+
+/* One collective call, as this rank makes it. nbytes: the input's bytes
+ * (a row's for scatter and alltoall, whose inputs hold world_size rows;
+ * the root's row for scatter everywhere). src and dst as the kind needs
+ * them (NULL where a rank has none). shape_hash: any value every rank
+ * must agree on besides the rest (the shape). */
+struct rdv_coll_call {
+    uint32_t kind;
+    uint32_t op;
+    uint32_t dtype;
+    uint32_t root;
+    uint64_t nbytes;
+    uint64_t shape_hash;
+    const void *src;
+    void *dst;
+    int64_t timeout_ns;
+};
+
+/* Why a call failed: the rank whose call differs (-EBADE, with its call's
+ * fields) or that is gone (-EPIPE, with pid and closed 1 if it closed the
+ * group rather than died); the ranks that had not arrived (-ETIMEDOUT). */
+struct rdv_coll_status {
+    uint32_t rank;
+    uint32_t pid;
+    uint32_t closed;
+    uint32_t kind;
+    uint32_t op;
+    uint32_t dtype;
+    uint32_t root;
+    uint32_t pad;
+    uint64_t nbytes;
+    uint64_t shape_hash;
+    uint64_t missing; /* bit r: rank r */
+};
+
+/* Open a group's segment fd (created by rank 0 with create 1: sized and
+ * initialised here; attached otherwise) and join it as rank. -EBUSY: rank
+ * is taken by a live process; -EXDEV: the segment's world_size or buffer
+ * size is not ours; -EAGAIN: not initialised yet (try again); -EOWNERDEAD:
+ * not initialised and its creator is gone. *last is 1 for the rank whose
+ * join completed the group (it removes the name). */
+int rdv_coll_open(int fd, int create, uint32_t world, uint32_t rank, uint64_t slot_bytes,
+                  rdv_group_t **out, uint32_t *last);
+/* Whether a live process holds rank 0 of the group in fd (it was created
+ * by a job still running): 1, with its pid when it has written it, or 0. */
+int rdv_coll_creator_alive(int fd, uint32_t *pid);
+/* Wait for every rank to have joined: 0, or -EINPROGRESS when a slice of
+ * the wait (50 ms at most) ended first: call again. Other returns as
+ * rdv_coll_run's. */
+int rdv_coll_wait_joined(rdv_group_t *g, int64_t timeout_ns, struct rdv_coll_status *st);
+/* Run a collective: 0 when done; -EINPROGRESS when a slice of a wait
+ * ended first (call rdv_coll_resume, which continues the same call);
+ * -EBADE mismatch, -EPIPE a rank is gone, -ETIMEDOUT, -ECONNABORTED
+ * aborted, -EINVAL bad arguments (nothing started). */
+int rdv_coll_run(rdv_group_t *g, const struct rdv_coll_call *c, struct rdv_coll_status *st);
+int rdv_coll_resume(rdv_group_t *g, struct rdv_coll_status *st);
+/* Abort the group: every member's pending and later calls fail with
+ * -ECONNABORTED. The first reason wins. */
+int rdv_coll_abort(rdv_group_t *g, const char *reason, uint32_t reason_len);
+int rdv_coll_reason(rdv_group_t *g, char *buf, uint32_t cap, uint32_t *len);
+/* The pid that joined as rank (0 if none). */
+uint32_t rdv_coll_pid(rdv_group_t *g, uint32_t rank);
+/* Leave the group and free the handle. */
+void rdv_coll_close(rdv_group_t *g);
+/* In a forked child: drop the inherited handle's liveness lock (so the
+ * parent's rank ends with the parent) and make the handle refuse calls. */
+void rdv_coll_forget(rdv_group_t *g);

@@ -10,16 +10,19 @@ from . import rendezvous as _rendezvous
 from .errors import (
     Aborted,
     AuthenticationError,
+    CollectiveMismatch,
     ConnectionLost,
     InvalidArgument,
     InvalidType,
     MessageTooLarge,
+    PeerLost,
     ProtocolError,
     RendezvousError,
     RendezvousTimeout,
     SegmentMismatch,
     TooManyKeys,
 )
+from .group import Group
 from .keys import DeviceName, ParsedKey, create_key, parse_key
 from .rendezvous import DEFAULT_SIZE, MAX_SIZE, Rendezvous
 from .stats import KeyInfo, ProcessInfo, Stats
@@ -47,13 +50,16 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Aborted",
     "AuthenticationError",
+    "CollectiveMismatch",
     "ConnectionLost",
     "DEFAULT_SIZE",
+    "Group",
     "InvalidArgument",
     "InvalidType",
     "KeyInfo",
     "MAX_SIZE",
     "MessageTooLarge",
+    "PeerLost",
     "ParsedKey",
     "ProcessInfo",
     "ProtocolError",

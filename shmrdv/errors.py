@@ -66,3 +66,22 @@ class ConnectionLost(RendezvousError, ConnectionError):
 
 class AuthenticationError(RendezvousError):
     """The bridge peer does not hold the same token (or refused ours)."""
+
+
+class CollectiveMismatch(RendezvousError, ValueError):
+    """The ranks of a group made calls that do not match (collective, op,
+    dtype, shape, root, or their order): raised on every rank, with no
+    result computed."""
+
+
+class PeerLost(RendezvousError):
+    """A rank of the group died (or closed the group) while others still
+    needed it: ``rank`` and ``pid`` say which. The group cannot go on."""
+
+    def __init__(self, message: str, rank: int = -1, pid: int = 0) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.pid = pid
+
+    def __reduce__(self) -> Tuple[Any, Tuple[str, int, int]]:
+        return (type(self), (str(self), self.rank, self.pid))

@@ -86,7 +86,16 @@ def _segment_file(path: str) -> str:
     return os.path.join("/dev/shm", path.lstrip("/"))
 
 
-def _check_owner(fd: int, name: str, path: str) -> None:
+def checked_name(name: object, what: str, max_len: int) -> str:
+    """A segment's name: 1..max_len characters of [A-Za-z0-9._-] (the one check of names)."""
+    if not isinstance(name, str):
+        raise InvalidType(f"{what} must be a str, not {type(name).__name__}")
+    if not _NAME_RE.match(name) or len(name) > max_len:
+        raise InvalidArgument(f"{what} must be 1..{max_len} characters of [A-Za-z0-9._-]: {name!r}")
+    return name
+
+
+def check_owner(fd: int, name: str, path: str) -> None:
     """Attach only to a segment this user owns and nobody else can open:
     another local user could have created it first, to read the tensors
     sent through it or plant its own (PermissionError, naming owner and mode)."""
@@ -485,10 +494,7 @@ class Rendezvous:
             if create is False:
                 raise InvalidArgument("Rendezvous() with no name creates a private rendezvous: create=False needs a name")
             name, create = _private_name(), True
-        if not isinstance(name, str):
-            raise InvalidType(f"name must be a str, not {type(name).__name__}")
-        if not _NAME_RE.match(name):
-            raise InvalidArgument(f"name must be 1..{lib.RDV_NAME_MAX} characters of [A-Za-z0-9._-]: {name!r}")
+        name = checked_name(name, "name", lib.RDV_NAME_MAX)
         if create not in (None, True, False):
             raise InvalidType(f"create must be None, True or False, not {create!r}")
         req_size = None if size is None else _arena_size(size)
@@ -564,7 +570,7 @@ class Rendezvous:
                                           _segment_file(self._path)) from None
                 raise
             try:
-                _check_owner(shm.fd, self._name, self._path)
+                check_owner(shm.fd, self._name, self._path)
                 rc = lib.rdv_attach(shm.fd, out)
                 age = time.time() - os.fstat(shm.fd).st_ctime if rc == -errno.EOWNERDEAD else 0.0
             finally:

@@ -42,8 +42,9 @@ LAYERS = {
     "rdv_atomic": 0,
     "rdv_layout": 0,
     "rdv_handle": 0,
-    # L1: OS calls
+    # L1: OS calls; the collectives' arithmetic (pure computation)
     "rdv_os": 1,
+    "rdv_reduce": 1,
     # L2: waits, segments, liveness
     "rdv_wait": 2,
     "rdv_segment": 2,
@@ -67,6 +68,8 @@ LAYERS = {
     # L10: the public entry points (implement shmrdv.h only)
     "rdv_api": 10,
     "rdv_inspect": 10,
+    # collectives: a group's own segment, on the OS layer and the arithmetic alone
+    "rdv_coll": 10,
 }
 
 ATOMIC_HEADER = "rdv_atomic.h"

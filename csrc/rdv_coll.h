@@ -1,0 +1,80 @@
+/* Layer 10: a group's segment, as the collectives lay it out (rdv_coll.c).
+ * A group does not live in a rendezvous: its segment is its own, made of
+ * the OS layer alone (mapping, futexes, byte locks for liveness).
+ *
+ *   page 0          struct rdv_coll_hdr
+ *   page 1..        struct rdv_coll_rank[world]   (two cache lines each)
+ *   then            per rank, two data buffers of slot_bytes (by phase parity)
+ *
+ * Every collective is a sequence of phases, numbered alike on every rank.
+ * In phase P a rank writes what it shares into its buffer of parity P
+ * ("produce"), publishes arrive = P + 1, waits until every rank's arrive
+ * is past P, then reads the others' parity-P buffers ("consume"), where it
+ * may also write its own parity P + 1 buffer. A buffer of parity P is
+ * therefore written again only in phase P + 2, after every rank has
+ * arrived at P + 1, that is, after every reader of it is done. */
+#ifndef RDV_COLL_H
+#define RDV_COLL_H
+
+#include <stdint.h>
+
+#include "shmrdv.h"
+
+#define RDV_COLL_MAGIC 0x6c6c6f6376647273ULL /* "srdvcoll" */
+#define RDV_COLL_VERSION 1
+#define RDV_COLL_PAGE 4096
+
+/* hdr.state */
+#define RDV_COLL_RUNNING 0
+#define RDV_COLL_ABORTED 1 /* reason holds why */
+#define RDV_COLL_LOST 2    /* lost_rank (lost_pid) died or closed */
+
+/* rank.state */
+#define RDV_COLL_RANK_FREE 0
+#define RDV_COLL_RANK_JOINED 1
+#define RDV_COLL_RANK_CLOSED 2
+
+struct rdv_coll_hdr {
+    uint64_t magic; /* written last by the creator (release) */
+    uint32_t version;
+    uint32_t world;
+    uint64_t slot_bytes;
+    uint64_t total_bytes;
+    uint32_t joined;        /* ranks that have joined: a futex word */
+    uint32_t join_sleepers; /* waiters asleep on joined */
+    uint32_t state;         /* RDV_COLL_RUNNING, then ABORTED or LOST once */
+    uint32_t lost_rank;
+    uint32_t lost_pid;
+    uint32_t lost_closed;
+    uint32_t reason_len;
+    char reason[RDV_REASON_MAX];
+};
+
+/* What a rank's call is, for the check that every rank makes the same. */
+struct rdv_coll_desc {
+    uint32_t what; /* kind | op << 8 | dtype << 16 */
+    uint32_t root;
+    uint64_t nbytes;
+    uint64_t shape_hash;
+};
+
+struct rdv_coll_rank {
+    /* line 0: written by the rank, read by every other */
+    uint32_t arrive; /* phases published: a futex word */
+    uint32_t cpu;    /* 1 + the CPU it last arrived from: a hint */
+    struct rdv_coll_desc desc[2]; /* of the call that starts at a phase, by parity */
+    uint8_t pad0[64 - 8 - 2 * sizeof(struct rdv_coll_desc)];
+    /* line 1: written by waiters and at join */
+    uint32_t sleepers; /* waiters asleep on arrive */
+    uint32_t pid;
+    uint32_t state; /* RDV_COLL_RANK_* */
+    uint8_t pad1[64 - 12];
+};
+
+_Static_assert(sizeof(struct rdv_coll_rank) == 128, "two cache lines per rank");
+_Static_assert(sizeof(struct rdv_coll_hdr) <= RDV_COLL_PAGE, "the header fits its page");
+
+/* Byte of the segment file whose lock says rank r is alive. */
+#define RDV_COLL_LIVE_BYTE(r) (1 + (uint64_t)(r))
+
+#endif

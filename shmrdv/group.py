@@ -1,0 +1,588 @@
+"""``Group``: collectives (allreduce, broadcast, allgather, reduce-scatter,
+reduce, gather, scatter, alltoall, barrier) among ``world_size`` processes
+on one host, through a shared-memory segment of the group's own.
+
+Every member calls ``Group(name, rank, world_size)``; rank 0 creates the
+segment (``/dev/shm/shmrdv.group-NAME``, mode 0600), the others attach to
+it, and once all have joined the last one removes the name: nothing stays
+in ``/dev/shm`` however the members end, and a later job may reuse the name
+at once. The data path is one call into the C core per collective
+(``csrc/rdv_coll.c``, which explains the phases and the waiting).
+"""
+import errno
+import os
+import threading
+import time
+import weakref
+import zlib
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import posix_ipc
+
+from . import limits
+from ._binding import ffi, lib
+from .codec import timeout_ns as _timeout_ns
+from .errors import (
+    Aborted,
+    CollectiveMismatch,
+    InvalidArgument,
+    InvalidType,
+    PeerLost,
+    RendezvousError,
+    RendezvousTimeout,
+    SegmentMismatch,
+)
+from .rendezvous import check_owner, checked_name
+from .tensors import BFLOAT16, as_array, as_tensor
+
+GROUP_PREFIX = "/shmrdv.group-"
+"""A group NAME's segment is the POSIX shm object ``/shmrdv.group-NAME``, while it is joining."""
+MAX_RANKS = int(lib.RDV_COLL_MAX_RANKS)
+"""The largest world_size of a group."""
+SLOT_BYTES = int(lib.RDV_COLL_SLOT_BYTES)
+"""Bytes of each of a rank's two data buffers: its segment is about 2 * world_size of them."""
+OPS = {"sum": lib.RDV_OP_SUM, "prod": lib.RDV_OP_PROD, "min": lib.RDV_OP_MIN, "max": lib.RDV_OP_MAX,
+       "mean": lib.RDV_OP_MEAN, "band": lib.RDV_OP_BAND, "bor": lib.RDV_OP_BOR, "bxor": lib.RDV_OP_BXOR}
+"""The reduction ops, by name."""
+
+_KINDS = {lib.RDV_COLL_BARRIER: "barrier", lib.RDV_COLL_ALLREDUCE: "allreduce", lib.RDV_COLL_BROADCAST: "broadcast",
+          lib.RDV_COLL_ALLGATHER: "allgather", lib.RDV_COLL_REDUCE_SCATTER: "reduce_scatter",
+          lib.RDV_COLL_REDUCE: "reduce", lib.RDV_COLL_GATHER: "gather", lib.RDV_COLL_SCATTER: "scatter",
+          lib.RDV_COLL_ALLTOALL: "alltoall", lib.RDV_COLL_SCATTER_META: "scatter"}
+_OP_NAMES = {v: k for k, v in OPS.items()}
+_DTYPES: Dict[np.dtype, int] = {
+    np.dtype(np.bool_): lib.RDV_DT_BOOL, np.dtype(np.int8): lib.RDV_DT_I8, np.dtype(np.uint8): lib.RDV_DT_U8,
+    np.dtype(np.int16): lib.RDV_DT_I16, np.dtype(np.uint16): lib.RDV_DT_U16, np.dtype(np.int32): lib.RDV_DT_I32,
+    np.dtype(np.uint32): lib.RDV_DT_U32, np.dtype(np.int64): lib.RDV_DT_I64, np.dtype(np.uint64): lib.RDV_DT_U64,
+    np.dtype(np.float16): lib.RDV_DT_F16, np.dtype(np.float32): lib.RDV_DT_F32, np.dtype(np.float64): lib.RDV_DT_F64,
+    np.dtype(np.complex64): lib.RDV_DT_C64, np.dtype(np.complex128): lib.RDV_DT_C128,
+}
+if BFLOAT16 is not None:
+    _DTYPES[BFLOAT16] = lib.RDV_DT_BF16
+_DTYPE_NAMES = {v: str(k) for k, v in _DTYPES.items()}
+_INTEGRAL = "biu"  # numpy kinds the bitwise ops take
+_META_DIMS = 2 + limits.NDIM_MAX  # scatter's header: dtype code, ndim, shape
+_CREATOR_GRACE_S = 1.0  # as a rendezvous: an unlocked, uninitialised segment younger than this may be starting
+_EINPROGRESS = -errno.EINPROGRESS
+_open_groups: "weakref.WeakSet[Group]" = weakref.WeakSet()
+_shape_hashes: Dict[Tuple[Tuple[int, ...], str], int] = {}
+
+
+def _after_fork_in_child() -> None:
+    # A forked child must not keep its parent's ranks alive, nor act as them.
+    for g in list(_open_groups):
+        g._forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _shape_hash(shape: Tuple[int, ...], dtype: np.dtype) -> int:
+    """A hash of shape and dtype that is the same in every process (str
+    hashes are salted per process, so not hash())."""
+    key = (shape, dtype.str)
+    h = _shape_hashes.get(key)
+    if h is None:
+        h = zlib.crc32(repr(key).encode()) | len(shape) << 32
+        if len(_shape_hashes) < 4096:
+            _shape_hashes[key] = h
+    return h
+
+
+def _int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidType(f"{what} must be an int, got {type(value).__name__}")
+    return int(value)
+
+
+class Group:
+    """A group of ``world_size`` processes that run collectives together.
+
+    Every rank makes the same calls in the same order; a call returns once
+    the ranks it needs have made theirs. ``timeout`` (seconds, None: no
+    limit) bounds joining and every call."""
+
+    def __init__(self, name: str, rank: int, world_size: int, *, timeout: Optional[float] = None,
+                 _slot_bytes: int = SLOT_BYTES) -> None:
+        self._g: Any = None
+        self._name = checked_name(name, "group name", limits.NAME_MAX - 40)
+        world_size = _int(world_size, "world_size")
+        rank = _int(rank, "rank")
+        if not 1 <= world_size <= MAX_RANKS:
+            raise InvalidArgument(f"world_size must be 1..{MAX_RANKS}, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise InvalidArgument(f"rank must be in [0, world_size) = [0, {world_size}), got {rank}")
+        self._rank = rank
+        self._world = world_size
+        self._timeout = timeout
+        self._timeout_ns = _timeout_ns(timeout)
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._subgroups: Dict[Tuple[int, ...], int] = {}
+        self._call = ffi.new("struct rdv_coll_call *")
+        self._status = ffi.new("struct rdv_coll_status *")
+        self._path = GROUP_PREFIX + self._name
+        self._unlinked = False
+        self._ino = 0
+        self._join(_slot_bytes)
+        _open_groups.add(self)
+
+    # ---- joining ----
+
+    def _join(self, slot_bytes: int) -> None:
+        deadline = None if self._timeout_ns < 0 else time.monotonic() + self._timeout_ns / 1e9
+        pause = 0.001
+        out = ffi.new("rdv_group_t **")
+        last = ffi.new("uint32_t *")
+        while True:
+            rc, fd_ino = self._try_open(slot_bytes, out, last)
+            if rc == 0:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                who = "rank 0 has not created it" if rc == -errno.ENOENT else "rank 0 is still creating it"
+                raise RendezvousTimeout(f"joining group {self._name!r} as rank {self._rank}: {who} after "
+                                        f"{self._timeout} s; start every rank, or pass a longer timeout=")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+        self._g = out[0]
+        self._ino = fd_ino
+        if last[0]:
+            self._unlink()
+        try:
+            self._wait_joined(deadline)
+        except BaseException:
+            self._close_handle()
+            raise
+
+    def _try_open(self, slot_bytes: int, out: Any, last: Any) -> Tuple[int, int]:
+        """One attempt: (0, inode) joined; (-ENOENT or -EAGAIN, 0) to try again."""
+        if self._rank == 0:
+            try:
+                shm = posix_ipc.SharedMemory(self._path, posix_ipc.O_CREX, mode=0o600)
+            except posix_ipc.ExistentialError:
+                self._clear_stale()
+                return -errno.EAGAIN, 0
+            try:
+                ino = os.fstat(shm.fd).st_ino
+                rc = lib.rdv_coll_open(shm.fd, 1, self._world, 0, slot_bytes, out, last)
+            finally:
+                shm.close_fd()
+            if rc < 0:
+                posix_ipc.unlink_shared_memory(self._path)
+                raise RendezvousError(f"creating group {self._name!r}: {errno.errorcode.get(-rc, rc)} "
+                                      f"({os.strerror(-rc)}); is /dev/shm full?")
+            return 0, ino
+        try:
+            shm = posix_ipc.SharedMemory(self._path)
+        except posix_ipc.ExistentialError:
+            return -errno.ENOENT, 0
+        try:
+            check_owner(shm.fd, self._name, self._path)
+            st = os.fstat(shm.fd)
+            rc = lib.rdv_coll_open(shm.fd, 0, self._world, self._rank, slot_bytes, out, last)
+            if rc == 0:
+                return 0, st.st_ino
+            if rc == -errno.EAGAIN:
+                return rc, 0
+            pid = ffi.new("uint32_t *")
+            creator = lib.rdv_coll_creator_alive(shm.fd, pid)
+        finally:
+            shm.close_fd()
+        stale = not creator and (rc != -errno.EOWNERDEAD or time.time() - st.st_ctime >= _CREATOR_GRACE_S)
+        if stale:  # left by a job whose rank 0 is gone: not ours to join
+            self._unlink_if(st.st_ino)
+            return -errno.EAGAIN, 0
+        if rc == -errno.EOWNERDEAD:
+            return -errno.EAGAIN, 0
+        if rc == -errno.EBUSY:
+            raise RendezvousError(f"joining group {self._name!r}: rank {self._rank} is taken by pid {last[0]} "
+                                  f"(another job with this group name, started by pid {pid[0]}?); give each job "
+                                  f"its own name")
+        if rc == -errno.EXDEV:
+            raise CollectiveMismatch(f"joining group {self._name!r} with world_size={self._world}: rank 0 "
+                                     f"(pid {pid[0]}) created it with another world_size; every rank must pass "
+                                     f"the same world_size (or another job uses this name)")
+        raise SegmentMismatch(f"joining group {self._name!r}: its segment is not a group of this shmrdv "
+                              f"({errno.errorcode.get(-rc, rc)}); remove /dev/shm{self._path} if no job uses it")
+
+    def _clear_stale(self) -> None:
+        """Rank 0 found the name taken: by a live job (an error), or left by a dead one (removed)."""
+        try:
+            shm = posix_ipc.SharedMemory(self._path)
+        except posix_ipc.ExistentialError:
+            return
+        try:
+            check_owner(shm.fd, self._name, self._path)
+            st = os.fstat(shm.fd)
+            pid = ffi.new("uint32_t *")
+            creator = lib.rdv_coll_creator_alive(shm.fd, pid)
+        finally:
+            shm.close_fd()
+        if creator:
+            raise RendezvousError(f"creating group {self._name!r}: a job is using this name (its rank 0 is pid "
+                                  f"{pid[0]}); give each job its own group name")
+        if time.time() - st.st_ctime >= _CREATOR_GRACE_S or st.st_size > 0:
+            self._unlink_if(st.st_ino)
+
+    def _unlink_if(self, ino: int) -> None:
+        try:
+            if os.stat("/dev/shm" + self._path).st_ino == ino:
+                posix_ipc.unlink_shared_memory(self._path)
+        except (FileNotFoundError, posix_ipc.ExistentialError):
+            pass
+
+    def _unlink(self) -> None:
+        if not self._unlinked:
+            self._unlinked = True
+            self._unlink_if(self._ino)
+
+    def _wait_joined(self, deadline: Optional[float]) -> None:
+        st = self._status
+        while True:
+            left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1e9))
+            rc = lib.rdv_coll_wait_joined(self._g, left, st)
+            if rc == 0:
+                return
+            if rc != _EINPROGRESS:
+                self._raise(rc, "joining")
+            if deadline is not None and time.monotonic() >= deadline:
+                missing = [r for r in range(self._world) if st.missing >> r & 1]
+                raise RendezvousTimeout(f"joining group {self._name!r} as rank {self._rank}: ranks {missing} had "
+                                        f"not joined after {self._timeout} s; start every rank, or pass a longer "
+                                        f"timeout=")
+
+    # ---- properties, lifetime ----
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def closed(self) -> bool:
+        return self._g is None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._g is None else "open"
+        return f"Group({self._name!r}, rank={self._rank}, world_size={self._world}, {state})"
+
+    def __enter__(self) -> "Group":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_g", None) is not None:
+            self.close()
+
+    def close(self) -> None:
+        """Leave the group: a rank still waiting for this one raises PeerLost."""
+        with self._lock:
+            self._close_handle()
+
+    def _close_handle(self) -> None:
+        if self._g is not None:
+            g, self._g = self._g, None
+            _open_groups.discard(self)
+            if os.getpid() == self._pid and not self._unlinked:
+                self._unlink()  # the group never completed: its name goes with it
+            lib.rdv_coll_close(g)
+
+    def _forget(self) -> None:
+        if self._g is not None:
+            lib.rdv_coll_forget(self._g)
+
+    def abort(self, reason: str = "aborted") -> None:
+        """Abort the group: every member's pending and later calls raise Aborted with reason."""
+        if not isinstance(reason, str):
+            raise InvalidType(f"reason must be a str, not {type(reason).__name__}")
+        data = reason.encode("utf-8", "replace")[: limits.REASON_MAX]
+        g = self._handle()
+        lib.rdv_coll_abort(g, data, len(data))
+
+    def _handle(self) -> Any:
+        g = self._g
+        if g is None:
+            raise RendezvousError(f"group {self._name!r} is closed")
+        if os.getpid() != self._pid:
+            raise RendezvousError(f"group {self._name!r} was joined by pid {self._pid}: a forked child cannot take "
+                                  f"part in its parent's place; join a group of its own in the child")
+        return g
+
+    # ---- running a call ----
+
+    def _run(self, kind: int, op: int, dtype: int, root: int, nbytes: int, shash: int, src: Any, dst: Any) -> None:
+        c = self._call
+        c.kind = kind
+        c.op = op
+        c.dtype = dtype
+        c.root = root
+        c.nbytes = nbytes
+        c.shape_hash = shash
+        c.src = src
+        c.dst = dst
+        c.timeout_ns = self._timeout_ns
+        st = self._status
+        with self._lock:
+            g = self._handle()
+            rc = lib.rdv_coll_run(g, c, st)
+            try:
+                while rc == _EINPROGRESS:  # a slice of the wait ended: signal handlers run here
+                    rc = lib.rdv_coll_resume(g, st)
+            except BaseException as exc:  # Ctrl-C mid-call: the others must not wait for us
+                lib.rdv_coll_abort(g, *self._reason(f"rank {self._rank} was interrupted ({type(exc).__name__}) "
+                                                    f"in {_KINDS[kind]}"))
+                raise
+        if rc < 0:
+            self._raise(rc, _KINDS[kind])
+
+    @staticmethod
+    def _reason(text: str) -> Tuple[bytes, int]:
+        data = text.encode()[: limits.REASON_MAX]
+        return data, len(data)
+
+    def _raise(self, rc: int, what: str) -> None:
+        st = self._status
+        if rc == -errno.EBADE:
+            mine = self._call
+            theirs = (st.kind, st.op, st.dtype, st.root, st.nbytes)
+            raise CollectiveMismatch(
+                f"{what} on group {self._name!r}: rank {self._rank} called {_describe(mine.kind, mine.op, mine.dtype, mine.root, mine.nbytes)} "
+                f"but rank {st.rank} called {_describe(*theirs)}{' (same sizes, another shape)' if theirs == (mine.kind, mine.op, mine.dtype, mine.root, mine.nbytes) else ''}; "
+                f"every rank must make the same calls in the same order, with the same op, dtype, shape and root. "
+                f"No result was computed; the group can go on")
+        if rc == -errno.EPIPE:
+            how = "closed the group" if st.closed else "died"
+            raise PeerLost(f"{what} on group {self._name!r}: rank {st.rank} (pid {st.pid}) {how}; the group "
+                           f"cannot go on: close it, and start the job (or a new group) again", st.rank, st.pid)
+        if rc == -errno.ETIMEDOUT:
+            missing = [r for r in range(self._world) if st.missing >> r & 1]
+            message = (f"{what} on group {self._name!r}: rank {self._rank} gave up after {self._timeout} s: ranks "
+                       f"{missing} had not arrived")
+            if self._g is not None:  # the others must not wait for us, nor read our half-done call
+                lib.rdv_coll_abort(self._g, *self._reason(message))
+            raise RendezvousTimeout(message + "; the group is aborted")
+        if rc == -errno.ECONNABORTED:
+            buf = ffi.new("char[]", limits.REASON_MAX)
+            n = ffi.new("uint32_t *")
+            lib.rdv_coll_reason(self._g, buf, limits.REASON_MAX, n)
+            reason = ffi.unpack(buf, n[0]).decode("utf-8", "replace")
+            raise Aborted(f"group {self._name!r} was aborted: {reason}")
+        if rc == -errno.EBADF:
+            raise RendezvousError(f"group {self._name!r} cannot be used here (closed, or inherited through fork)")
+        if rc == -errno.EINVAL:
+            raise InvalidArgument(f"{what} on group {self._name!r}: invalid arguments")
+        raise RendezvousError(f"{what} on group {self._name!r}: {errno.errorcode.get(-rc, rc)} ({rc})")
+
+    # ---- arguments ----
+
+    def _input(self, obj: Any, what: str) -> Tuple[np.ndarray, bool]:
+        array, tensor = as_array(obj, what)
+        if array.dtype.hasobject:
+            raise InvalidType(f"{what}: dtype {array.dtype} holds Python objects, which cannot be shared")
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        return array, tensor
+
+    def _reduction(self, array: np.ndarray, op: object, what: str) -> Tuple[int, int]:
+        code = OPS.get(op) if isinstance(op, str) else None
+        if code is None:
+            raise InvalidArgument(f"{what}: op must be one of {', '.join(map(repr, OPS))}, got {op!r}")
+        dt = _DTYPES.get(array.dtype)
+        if dt is None:
+            raise InvalidType(f"{what}: cannot reduce dtype {array.dtype}: numeric, bool, float16 and bfloat16 "
+                              f"arrays only (native byte order)")
+        kind = array.dtype.kind
+        if op in ("band", "bor", "bxor") and kind not in _INTEGRAL:
+            raise InvalidArgument(f"{what}: op {op!r} is for integer and bool arrays, not {array.dtype}")
+        if op == "mean" and kind in _INTEGRAL:
+            raise InvalidArgument(f"{what}: op 'mean' needs a floating or complex dtype, not {array.dtype}; "
+                                  f"use 'sum' and divide by world_size")
+        if op in ("min", "max") and kind == "c":
+            raise InvalidArgument(f"{what}: op {op!r} is not defined for complex numbers ({array.dtype})")
+        return code, dt
+
+    def _root(self, root: object, what: str) -> int:
+        root = _int(root, f"{what}: root")
+        if not 0 <= root < self._world:
+            raise InvalidArgument(f"{what}: root must be a rank in [0, {self._world}), got {root}")
+        return root
+
+    def _out(self, out: Any, like: np.ndarray, what: str) -> Tuple[np.ndarray, Any]:
+        if out is None:
+            return np.empty_like(like), None
+        array, _ = as_array(out, f"{what}: out")
+        if array.shape != like.shape or array.dtype != like.dtype:
+            raise InvalidArgument(f"{what}: out has shape {array.shape} and dtype {array.dtype}, the result "
+                                  f"{like.shape} and {like.dtype}")
+        if not array.flags.c_contiguous or not array.flags.writeable:
+            raise InvalidArgument(f"{what}: out must be C-contiguous and writable")
+        return array, out
+
+    @staticmethod
+    def _result(array: np.ndarray, tensor: bool, out_obj: Any = None) -> Any:
+        if out_obj is not None:
+            return out_obj
+        return as_tensor(array) if tensor else array
+
+    def _rows(self, array: np.ndarray, what: str) -> None:
+        if array.ndim == 0 or array.shape[0] != self._world:
+            raise InvalidArgument(f"{what}: the array must have world_size = {self._world} rows (shape "
+                                  f"({self._world}, ...)), got shape {array.shape}")
+
+    # ---- the collectives ----
+
+    def barrier(self) -> None:
+        """Return once every rank has called barrier."""
+        self._run(lib.RDV_COLL_BARRIER, 0, 0, 0, 0, 0, ffi.NULL, ffi.NULL)
+
+    def allreduce(self, array: Any, op: str = "sum", *, out: Any = None) -> Any:
+        """The element-wise reduction of every rank's array, on every rank
+        (the same bits everywhere). out may be the input (in place)."""
+        a, tensor = self._input(array, "allreduce")
+        code, dt = self._reduction(a, op, "allreduce")
+        res, out_obj = self._out(out, a, "allreduce")
+        self._run(lib.RDV_COLL_ALLREDUCE, code, dt, 0, a.nbytes, _shape_hash(a.shape, a.dtype),
+                  ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
+        return self._result(res, tensor, out_obj)
+
+    def reduce(self, array: Any, root: int = 0, op: str = "sum") -> Any:
+        """The reduction on root; None on the other ranks."""
+        a, tensor = self._input(array, "reduce")
+        code, dt = self._reduction(a, op, "reduce")
+        root = self._root(root, "reduce")
+        res = np.empty_like(a) if self._rank == root else None
+        self._run(lib.RDV_COLL_REDUCE, code, dt, root, a.nbytes, _shape_hash(a.shape, a.dtype), ffi.from_buffer(a),
+                  ffi.NULL if res is None else ffi.from_buffer(res, require_writable=True))
+        return None if res is None else self._result(res, tensor)
+
+    def reduce_scatter(self, array: Any, op: str = "sum") -> Any:
+        """This rank's block of the reduction: rows [rank * n, (rank + 1) * n)
+        of it, n = array.shape[0] // world_size."""
+        a, tensor = self._input(array, "reduce_scatter")
+        code, dt = self._reduction(a, op, "reduce_scatter")
+        if a.ndim == 0 or a.shape[0] % self._world:
+            raise InvalidArgument(f"reduce_scatter: array.shape[0] must be a multiple of world_size = "
+                                  f"{self._world}, got shape {a.shape}")
+        res = np.empty((a.shape[0] // self._world,) + a.shape[1:], a.dtype)
+        self._run(lib.RDV_COLL_REDUCE_SCATTER, code, dt, 0, a.nbytes, _shape_hash(a.shape, a.dtype),
+                  ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
+        return self._result(res, tensor)
+
+    def broadcast(self, array: Any, root: int = 0, *, out: Any = None) -> Any:
+        """root's array on every rank. Every rank passes an array of the same
+        shape and dtype (the others' contents are not read); the root gets
+        its own array back (or out, filled with it)."""
+        a, tensor = self._input(array, "broadcast")
+        root = self._root(root, "broadcast")
+        if self._rank == root and out is None:
+            res, out_obj = a, array if tensor else None
+        else:
+            res, out_obj = self._out(out, a, "broadcast")
+        self._run(lib.RDV_COLL_BROADCAST, 0, _DTYPES.get(a.dtype, 0), root, a.nbytes, _shape_hash(a.shape, a.dtype),
+                  ffi.from_buffer(a), ffi.from_buffer(res, require_writable=res is not a))
+        return self._result(res, tensor, out_obj)
+
+    def allgather(self, array: Any) -> Any:
+        """Every rank's array, stacked: shape (world_size, *array.shape), row r from rank r."""
+        a, tensor = self._input(array, "allgather")
+        res = np.empty((self._world,) + a.shape, a.dtype)
+        self._run(lib.RDV_COLL_ALLGATHER, 0, _DTYPES.get(a.dtype, 0), 0, a.nbytes, _shape_hash(a.shape, a.dtype),
+                  ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
+        return self._result(res, tensor)
+
+    def gather(self, array: Any, root: int = 0) -> Any:
+        """allgather's result on root; None on the other ranks."""
+        a, tensor = self._input(array, "gather")
+        root = self._root(root, "gather")
+        res = np.empty((self._world,) + a.shape, a.dtype) if self._rank == root else None
+        self._run(lib.RDV_COLL_GATHER, 0, _DTYPES.get(a.dtype, 0), root, a.nbytes, _shape_hash(a.shape, a.dtype),
+                  ffi.from_buffer(a), ffi.NULL if res is None else ffi.from_buffer(res, require_writable=True))
+        return None if res is None else self._result(res, tensor)
+
+    def scatter(self, array: Any = None, root: int = 0) -> Any:
+        """Row ``rank`` of root's array (shape (world_size, ...)); the other
+        ranks pass None (or anything: it is not read)."""
+        root = self._root(root, "scatter")
+        meta = np.zeros(_META_DIMS, np.int64)
+        tensor = False
+        a: Optional[np.ndarray] = None
+        if self._rank == root:
+            a, tensor = self._input(array, "scatter")
+            self._rows(a, "scatter")
+            code = _DTYPES.get(a.dtype, 0)
+            if code == 0:
+                raise InvalidType(f"scatter: dtype {a.dtype} is not one a group moves: numeric, bool, float16 "
+                                  f"and bfloat16 arrays")
+            meta[0], meta[1], meta[2 : 2 + a.ndim - 1] = code, a.ndim - 1, a.shape[1:]
+            meta[-1] = int(tensor)
+        self._run(lib.RDV_COLL_SCATTER_META, 0, lib.RDV_DT_I64, root, meta.nbytes, 0, ffi.from_buffer(meta),
+                  ffi.from_buffer(meta, require_writable=True))
+        dtype, shape, tensor = self._scattered(meta)
+        res = np.empty(shape, dtype)
+        self._run(lib.RDV_COLL_SCATTER, 0, _DTYPES[dtype], root, res.nbytes, _shape_hash(shape, dtype),
+                  ffi.NULL if a is None else ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
+        return self._result(res, tensor)
+
+    def _scattered(self, meta: np.ndarray) -> Tuple[np.dtype, Tuple[int, ...], bool]:
+        """What the root's scatter header says (read from shared memory: checked)."""
+        code, ndim = int(meta[0]), int(meta[1])
+        dtype = next((d for d, c in _DTYPES.items() if c == code), None)
+        if dtype is None or not 0 <= ndim <= limits.NDIM_MAX - 1 or (meta[2 : 2 + ndim] < 0).any():
+            raise SegmentMismatch(f"scatter on group {self._name!r}: the root's header is damaged")
+        return dtype, tuple(int(n) for n in meta[2 : 2 + ndim]), bool(meta[-1])
+
+    def alltoall(self, array: Any) -> Any:
+        """array has world_size rows; out[j] is rank j's array[rank]."""
+        a, tensor = self._input(array, "alltoall")
+        self._rows(a, "alltoall")
+        res = np.empty_like(a)
+        self._run(lib.RDV_COLL_ALLTOALL, 0, _DTYPES.get(a.dtype, 0), 0, a.nbytes // self._world,
+                  _shape_hash(a.shape, a.dtype), ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
+        return self._result(res, tensor)
+
+    def new_group(self, ranks: Sequence[int]) -> "Group":
+        """A group of some of this group's ranks (in the order given: the
+        first is its rank 0), called by those ranks only. Collectives of
+        disjoint subgroups run concurrently."""
+        try:
+            members = tuple(_int(r, "new_group: ranks") for r in ranks)
+        except TypeError:
+            raise InvalidType(f"new_group: ranks must be a sequence of ints, got {type(ranks).__name__}") from None
+        if len(set(members)) != len(members) or not all(0 <= r < self._world for r in members):
+            raise InvalidArgument(f"new_group: ranks must be distinct ranks of [0, {self._world}), got {list(members)}")
+        if self._rank not in members:
+            raise InvalidArgument(f"new_group: rank {self._rank} is not in {list(members)}: only the members of a "
+                                  f"subgroup call new_group")
+        count = self._subgroups.get(members, 0)
+        self._subgroups[members] = count + 1
+        tag = zlib.crc32(repr(members).encode())
+        name = f"{self._name}.{len(members)}-{tag:08x}-{count}"
+        return Group(name, members.index(self._rank), len(members), timeout=self._timeout)
+
+
+def _describe(kind: int, op: int, dtype: int, root: int, nbytes: int) -> str:
+    name = _KINDS.get(kind, f"collective {kind}")
+    parts = []
+    if op:
+        parts.append(f"op={_OP_NAMES.get(op, op)!r}")
+    if kind not in (lib.RDV_COLL_BARRIER,):
+        parts.append(f"dtype={_DTYPE_NAMES.get(dtype, 'other')}")
+        parts.append(f"{nbytes} bytes")
+    if kind in (lib.RDV_COLL_BROADCAST, lib.RDV_COLL_REDUCE, lib.RDV_COLL_GATHER, lib.RDV_COLL_SCATTER,
+                lib.RDV_COLL_SCATTER_META):
+        parts.append(f"root={root}")
+    return f"{name}({', '.join(parts)})"
+
+
+__all__ = ["Group", "GROUP_PREFIX", "MAX_RANKS", "OPS", "SLOT_BYTES"]
