@@ -716,18 +716,28 @@ static int advance(rdv_group_t *g, struct rdv_coll_status *st) {
     return 0;
 }
 
-int rdv_coll_run(rdv_group_t *g, const struct rdv_coll_call *c, struct rdv_coll_status *st) {
-    memset(st, 0, sizeof *st);
+int rdv_coll_run(rdv_group_t *g, uint32_t kind, uint32_t op, uint32_t dtype, uint32_t root,
+                 uint64_t nbytes, uint64_t shape_hash, const void *src, void *dst, int64_t timeout_ns,
+                 struct rdv_coll_status *st) {
     if (g->busy)
         return -EALREADY;
     int rc = check_state(g, st);
     if (rc < 0)
         return rc;
-    g->c = *c;
+    struct rdv_coll_call *c = &g->c;
+    c->kind = kind;
+    c->op = op;
+    c->dtype = dtype;
+    c->root = root;
+    c->nbytes = nbytes;
+    c->shape_hash = shape_hash;
+    c->src = src;
+    c->dst = dst;
+    c->timeout_ns = timeout_ns;
     if ((rc = plan(g)) < 0)
         return rc;
-    g->forever = c->timeout_ns < 0 || c->timeout_ns >= RDV_FOREVER_NS;
-    g->deadline = g->forever ? 0 : rdv_now_ns() + c->timeout_ns;
+    g->forever = timeout_ns < 0 || timeout_ns >= RDV_FOREVER_NS;
+    g->deadline = g->forever ? 0 : rdv_now_ns() + timeout_ns;
     g->p0 = g->next;
     g->phase = 0;
     g->produced = 0;
@@ -736,7 +746,6 @@ int rdv_coll_run(rdv_group_t *g, const struct rdv_coll_call *c, struct rdv_coll_
 }
 
 int rdv_coll_resume(rdv_group_t *g, struct rdv_coll_status *st) {
-    memset(st, 0, sizeof *st);
     if (!g->busy)
         return -EINVAL;
     return advance(g, st);

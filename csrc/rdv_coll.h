@@ -74,6 +74,19 @@ struct rdv_coll_rank {
 _Static_assert(sizeof(struct rdv_coll_rank) == 128, "two cache lines per rank");
 _Static_assert(sizeof(struct rdv_coll_hdr) <= RDV_COLL_PAGE, "the header fits its page");
 
+/* One collective call, as this rank makes it (rdv_coll_run's arguments). */
+struct rdv_coll_call {
+    uint32_t kind;
+    uint32_t op;
+    uint32_t dtype;
+    uint32_t root;
+    uint64_t nbytes;
+    uint64_t shape_hash;
+    const void *src;
+    void *dst;
+    int64_t timeout_ns;
+};
+
 /* Byte of the segment file whose lock says rank r is alive. */
 #define RDV_COLL_LIVE_BYTE(r) (1 + (uint64_t)(r))
 

@@ -279,23 +279,6 @@ typedef struct rdv_group rdv_group_t;
 #define RDV_DT_C64 14
 #define RDV_DT_C128 15
 
-/* One collective call, as this rank makes it. nbytes: the input's bytes
- * (a row's for scatter and alltoall, whose inputs hold world_size rows;
- * the root's row for scatter everywhere). src and dst as the kind needs
- * them (NULL where a rank has none). shape_hash: any value every rank
- * must agree on besides the rest (the shape). */
-struct rdv_coll_call {
-    uint32_t kind;
-    uint32_t op;
-    uint32_t dtype;
-    uint32_t root;
-    uint64_t nbytes;
-    uint64_t shape_hash;
-    const void *src;
-    void *dst;
-    int64_t timeout_ns;
-};
-
 /* Why a call failed: the rank whose call differs (-EBADE, with its call's
  * fields) or that is gone (-EPIPE, with pid and closed 1 if it closed the
  * group rather than died); the ranks that had not arrived (-ETIMEDOUT). */
@@ -328,11 +311,18 @@ int rdv_coll_creator_alive(int fd, uint32_t *pid);
  * the wait (50 ms at most) ended first: call again. Other returns as
  * rdv_coll_run's. */
 int rdv_coll_wait_joined(rdv_group_t *g, int64_t timeout_ns, struct rdv_coll_status *st);
-/* Run a collective: 0 when done; -EINPROGRESS when a slice of a wait
+/* Run a collective (kind, and op for reductions, on elements of dtype).
+ * nbytes: the input's bytes (a row's for scatter and alltoall, whose
+ * inputs hold world_size rows; the root's row for scatter everywhere).
+ * src and dst as the kind needs them (NULL where a rank has none).
+ * shape_hash: any value every rank must agree on besides the rest (the
+ * shape). 0 when done; -EINPROGRESS when a slice of a wait
  * ended first (call rdv_coll_resume, which continues the same call);
  * -EBADE mismatch, -EPIPE a rank is gone, -ETIMEDOUT, -ECONNABORTED
  * aborted, -EINVAL bad arguments (nothing started). */
-int rdv_coll_run(rdv_group_t *g, const struct rdv_coll_call *c, struct rdv_coll_status *st);
+int rdv_coll_run(rdv_group_t *g, uint32_t kind, uint32_t op, uint32_t dtype, uint32_t root,
+                 uint64_t nbytes, uint64_t shape_hash, const void *src, void *dst, int64_t timeout_ns,
+                 struct rdv_coll_status *st);
 int rdv_coll_resume(rdv_group_t *g, struct rdv_coll_status *st);
 /* Abort the group: every member's pending and later calls fail with
  * -ECONNABORTED. The first reason wins. */

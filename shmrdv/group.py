@@ -66,7 +66,8 @@ _META_DIMS = 2 + limits.NDIM_MAX  # scatter's header: dtype code, ndim, shape
 _CREATOR_GRACE_S = 1.0  # as a rendezvous: an unlocked, uninitialised segment younger than this may be starting
 _EINPROGRESS = -errno.EINPROGRESS
 _open_groups: "weakref.WeakSet[Group]" = weakref.WeakSet()
-_shape_hashes: Dict[Tuple[Tuple[int, ...], str], int] = {}
+_shape_hashes: Dict[Tuple[Tuple[int, ...], np.dtype], int] = {}
+_reductions: Dict[Tuple[str, np.dtype], Tuple[int, int]] = {}  # (op, dtype) -> codes, once checked
 
 
 def _after_fork_in_child() -> None:
@@ -82,10 +83,10 @@ if hasattr(os, "register_at_fork"):
 def _shape_hash(shape: Tuple[int, ...], dtype: np.dtype) -> int:
     """A hash of shape and dtype that is the same in every process (str
     hashes are salted per process, so not hash())."""
-    key = (shape, dtype.str)
+    key = (shape, dtype)
     h = _shape_hashes.get(key)
     if h is None:
-        h = zlib.crc32(repr(key).encode()) | len(shape) << 32
+        h = zlib.crc32(repr((shape, dtype.str)).encode()) | len(shape) << 32
         if len(_shape_hashes) < 4096:
             _shape_hashes[key] = h
     return h
@@ -121,7 +122,8 @@ class Group:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._subgroups: Dict[Tuple[int, ...], int] = {}
-        self._call = ffi.new("struct rdv_coll_call *")
+        self._last: Tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)  # the call that failed, for messages
+        self._forked = False
         self._status = ffi.new("struct rdv_coll_status *")
         self._path = GROUP_PREFIX + self._name
         self._unlinked = False
@@ -299,6 +301,7 @@ class Group:
             lib.rdv_coll_close(g)
 
     def _forget(self) -> None:
+        self._forked = True
         if self._g is not None:
             lib.rdv_coll_forget(self._g)
 
@@ -314,7 +317,7 @@ class Group:
         g = self._g
         if g is None:
             raise RendezvousError(f"group {self._name!r} is closed")
-        if os.getpid() != self._pid:
+        if self._forked:
             raise RendezvousError(f"group {self._name!r} was joined by pid {self._pid}: a forked child cannot take "
                                   f"part in its parent's place; join a group of its own in the child")
         return g
@@ -322,20 +325,14 @@ class Group:
     # ---- running a call ----
 
     def _run(self, kind: int, op: int, dtype: int, root: int, nbytes: int, shash: int, src: Any, dst: Any) -> None:
-        c = self._call
-        c.kind = kind
-        c.op = op
-        c.dtype = dtype
-        c.root = root
-        c.nbytes = nbytes
-        c.shape_hash = shash
-        c.src = src
-        c.dst = dst
-        c.timeout_ns = self._timeout_ns
         st = self._status
         with self._lock:
-            g = self._handle()
-            rc = lib.rdv_coll_run(g, c, st)
+            g = self._g
+            if g is None or self._forked:
+                self._handle()  # raises, saying why
+            rc = lib.rdv_coll_run(g, kind, op, dtype, root, nbytes, shash, src, dst, self._timeout_ns, st)
+            if rc == 0:
+                return
             try:
                 while rc == _EINPROGRESS:  # a slice of the wait ended: signal handlers run here
                     rc = lib.rdv_coll_resume(g, st)
@@ -344,6 +341,7 @@ class Group:
                                                     f"in {_KINDS[kind]}"))
                 raise
         if rc < 0:
+            self._last = (kind, op, dtype, root, nbytes)
             self._raise(rc, _KINDS[kind])
 
     @staticmethod
@@ -354,11 +352,11 @@ class Group:
     def _raise(self, rc: int, what: str) -> None:
         st = self._status
         if rc == -errno.EBADE:
-            mine = self._call
+            mine = self._last
             theirs = (st.kind, st.op, st.dtype, st.root, st.nbytes)
             raise CollectiveMismatch(
-                f"{what} on group {self._name!r}: rank {self._rank} called {_describe(mine.kind, mine.op, mine.dtype, mine.root, mine.nbytes)} "
-                f"but rank {st.rank} called {_describe(*theirs)}{' (same sizes, another shape)' if theirs == (mine.kind, mine.op, mine.dtype, mine.root, mine.nbytes) else ''}; "
+                f"{what} on group {self._name!r}: rank {self._rank} called {_describe(*mine)} but rank {st.rank} "
+                f"called {_describe(*theirs)}{' (the same sizes, another shape)' if theirs == mine else ''}; "
                 f"every rank must make the same calls in the same order, with the same op, dtype, shape and root. "
                 f"No result was computed; the group can go on")
         if rc == -errno.EPIPE:
@@ -395,6 +393,14 @@ class Group:
         return array, tensor
 
     def _reduction(self, array: np.ndarray, op: object, what: str) -> Tuple[int, int]:
+        codes = _reductions.get((op, array.dtype)) if isinstance(op, str) else None
+        if codes is not None:
+            return codes
+        codes = self._check_reduction(array, op, what)
+        _reductions[(op, array.dtype)] = codes  # type: ignore[index]
+        return codes
+
+    def _check_reduction(self, array: np.ndarray, op: object, what: str) -> Tuple[int, int]:
         code = OPS.get(op) if isinstance(op, str) else None
         if code is None:
             raise InvalidArgument(f"{what}: op must be one of {', '.join(map(repr, OPS))}, got {op!r}")
@@ -418,20 +424,27 @@ class Group:
             raise InvalidArgument(f"{what}: root must be a rank in [0, {self._world}), got {root}")
         return root
 
-    def _out(self, out: Any, like: np.ndarray, what: str) -> Tuple[np.ndarray, Any]:
+    def _out(self, out: Any, like: np.ndarray, what: str) -> Tuple[np.ndarray, Any, Optional[np.ndarray]]:
+        """(the contiguous array the core writes, what the call returns: None
+        for that array itself, else out, and a non-contiguous out's array,
+        which gets the result through a copy in _result, or None)."""
         if out is None:
-            return np.empty_like(like), None
+            return np.empty_like(like), None, None
         array, _ = as_array(out, f"{what}: out")
         if array.shape != like.shape or array.dtype != like.dtype:
             raise InvalidArgument(f"{what}: out has shape {array.shape} and dtype {array.dtype}, the result "
                                   f"{like.shape} and {like.dtype}")
-        if not array.flags.c_contiguous or not array.flags.writeable:
-            raise InvalidArgument(f"{what}: out must be C-contiguous and writable")
-        return array, out
+        if not array.flags.writeable:
+            raise InvalidArgument(f"{what}: out is read-only")
+        if not array.flags.c_contiguous:
+            return np.empty_like(like), out, array
+        return array, out, None
 
     @staticmethod
-    def _result(array: np.ndarray, tensor: bool, out_obj: Any = None) -> Any:
+    def _result(array: np.ndarray, tensor: bool, out_obj: Any = None, fill: Optional[np.ndarray] = None) -> Any:
         if out_obj is not None:
+            if fill is not None:
+                np.copyto(fill, array)
             return out_obj
         return as_tensor(array) if tensor else array
 
@@ -449,12 +462,24 @@ class Group:
     def allreduce(self, array: Any, op: str = "sum", *, out: Any = None) -> Any:
         """The element-wise reduction of every rank's array, on every rank
         (the same bits everywhere). out may be the input (in place)."""
-        a, tensor = self._input(array, "allreduce")
-        code, dt = self._reduction(a, op, "allreduce")
-        res, out_obj = self._out(out, a, "allreduce")
-        self._run(lib.RDV_COLL_ALLREDUCE, code, dt, 0, a.nbytes, _shape_hash(a.shape, a.dtype),
-                  ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
-        return self._result(res, tensor, out_obj)
+        # The common case (a contiguous ndarray, an op and dtype seen before)
+        # takes the fewest steps: a small allreduce is mostly this method.
+        if type(array) is np.ndarray and array.flags.c_contiguous:
+            a, tensor = array, False
+        else:
+            a, tensor = self._input(array, "allreduce")
+        codes = _reductions.get((op, a.dtype)) if type(op) is str else None
+        code, dt = codes if codes is not None else self._reduction(a, op, "allreduce")
+        fill = None
+        if out is None:
+            res, out_obj = np.empty_like(a), None
+        elif out is array and a is array and a.flags.writeable:
+            res, out_obj = a, out
+        else:
+            res, out_obj, fill = self._out(out, a, "allreduce")
+        shash = _shape_hashes.get((a.shape, a.dtype)) or _shape_hash(a.shape, a.dtype)
+        self._run(lib.RDV_COLL_ALLREDUCE, code, dt, 0, a.nbytes, shash, ffi.from_buffer(a), ffi.from_buffer(res))
+        return res if out_obj is None and not tensor else self._result(res, tensor, out_obj, fill)
 
     def reduce(self, array: Any, root: int = 0, op: str = "sum") -> Any:
         """The reduction on root; None on the other ranks."""
@@ -485,13 +510,14 @@ class Group:
         its own array back (or out, filled with it)."""
         a, tensor = self._input(array, "broadcast")
         root = self._root(root, "broadcast")
+        fill = None
         if self._rank == root and out is None:
             res, out_obj = a, array if tensor else None
         else:
-            res, out_obj = self._out(out, a, "broadcast")
+            res, out_obj, fill = self._out(out, a, "broadcast")
         self._run(lib.RDV_COLL_BROADCAST, 0, _DTYPES.get(a.dtype, 0), root, a.nbytes, _shape_hash(a.shape, a.dtype),
                   ffi.from_buffer(a), ffi.from_buffer(res, require_writable=res is not a))
-        return self._result(res, tensor, out_obj)
+        return self._result(res, tensor, out_obj, fill)
 
     def allgather(self, array: Any) -> Any:
         """Every rank's array, stacked: shape (world_size, *array.shape), row r from rank r."""

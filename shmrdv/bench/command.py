@@ -364,6 +364,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--from-json", metavar="FILE",
                         help="measure nothing: print the tables (and --plot) of a run saved with --json")
+    parser.add_argument("--collectives", action="store_true",
+                        help="measure shmrdv.Group's collectives against Open MPI (mpi4py) and gloo instead")
+    parser.add_argument("--world-size", type=int, default=2, metavar="N",
+                        help="ranks of the --collectives run (default 2: one per CPU on a 2-CPU machine)")
 
 
 class OptionsError(ValueError):
@@ -421,6 +425,10 @@ def run(args: argparse.Namespace) -> int:
         folder = os.path.dirname(os.path.abspath(path)) if path else None
         if folder and not os.access(folder, os.W_OK):  # found out now, not after the measurements
             raise OptionsError(f"{option} {path}: cannot write in {folder}")
+    if args.collectives:
+        from .collectives import run_command
+
+        return run_command(args)
     if args.from_json:
         results = _load_results(args.from_json)
         print(markdown(results))
