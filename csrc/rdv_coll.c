@@ -43,12 +43,14 @@ struct rdv_group {
     uint32_t rank;
     uint32_t world;
     uint64_t slot;
-    int inert;           /* closed for calls: a forked child's copy */
+    int inert;           /* closed for calls: left, or a forked child's copy */
+    int64_t timeout_ns;  /* of each call */
+    struct rdv_coll_status st; /* why the last call failed */
     int64_t spin_ns;     /* process-local hint */
     uint32_t next;       /* the phase our next call starts at */
     pthread_mutex_t abort_lock; /* one writer of our reason area at a time */
     /* the call in progress */
-    int busy;
+    uint32_t busy;       /* a call runs (or waits to be resumed): process-local, atomic */
     struct rdv_coll_call c;
     uint32_t isz;        /* bytes per element the kind splits at */
     uint64_t region;     /* bytes of a buffer each peer's share may use */
@@ -303,7 +305,8 @@ static uint64_t missing_ranks(rdv_group_t *g) {
     return m;
 }
 
-int rdv_coll_wait_joined(rdv_group_t *g, int64_t timeout_ns, struct rdv_coll_status *st) {
+int rdv_coll_wait_joined(rdv_group_t *g, int64_t timeout_ns) {
+    struct rdv_coll_status *st = &g->st;
     memset(st, 0, sizeof *st);
     int64_t slice = timeout_ns < 0 || timeout_ns > RDV_COLL_SLICE_NS ? RDV_COLL_SLICE_NS : timeout_ns;
     int64_t until = rdv_now_ns() + slice;
@@ -684,6 +687,11 @@ static int differs(rdv_group_t *g, uint32_t P, struct rdv_coll_status *st) {
     return -1;
 }
 
+static void end_call(rdv_group_t *g) {
+    /* release, process-local: our work on the call before the next thread's */
+    smp_store_release(&g->busy, 0);
+}
+
 static int advance(rdv_group_t *g, struct rdv_coll_status *st) {
     while (g->phase < g->nphases) {
         uint32_t P = g->p0 + g->phase;
@@ -698,13 +706,13 @@ static int advance(rdv_group_t *g, struct rdv_coll_status *st) {
         if (rc == -EINPROGRESS)
             return rc;
         if (rc < 0) {
-            g->busy = 0; /* the group is broken; nothing to resume */
+            end_call(g); /* the group is broken; nothing to resume */
             return rc;
         }
         if (g->phase == 0 && differs(g, P, st) >= 0) {
             /* every rank sees the same descriptors, so every rank stops here */
             g->next = P + 1;
-            g->busy = 0;
+            end_call(g);
             return -EBADE;
         }
         consume(g, P, g->phase);
@@ -712,48 +720,62 @@ static int advance(rdv_group_t *g, struct rdv_coll_status *st) {
         g->produced = 0;
     }
     g->next = g->p0 + g->nphases;
-    g->busy = 0;
+    end_call(g);
     return 0;
 }
 
-int rdv_coll_run(rdv_group_t *g, uint32_t kind, uint32_t op, uint32_t dtype, uint32_t root,
-                 uint64_t nbytes, uint64_t shape_hash, const void *src, void *dst, int64_t timeout_ns,
-                 struct rdv_coll_status *st) {
-    if (g->busy)
+static int run(rdv_group_t *g, uint64_t what, uint64_t nbytes, uint64_t shape_hash, const void *src, void *dst) {
+    /* acquire, process-local: one call per handle at a time; pairs with end_call */
+    if (rdv_exchange(&g->busy, 1, __ATOMIC_ACQUIRE))
         return -EALREADY;
+    struct rdv_coll_status *st = &g->st;
     int rc = check_state(g, st);
-    if (rc < 0)
+    if (rc < 0) {
+        end_call(g);
         return rc;
+    }
     struct rdv_coll_call *c = &g->c;
-    c->kind = kind;
-    c->op = op;
-    c->dtype = dtype;
-    c->root = root;
+    c->kind = what & 0xff;
+    c->op = what >> 8 & 0xff;
+    c->dtype = what >> 16 & 0xff;
+    c->root = (uint32_t)(what >> 32);
     c->nbytes = nbytes;
     c->shape_hash = shape_hash;
     c->src = src;
     c->dst = dst;
-    c->timeout_ns = timeout_ns;
-    if ((rc = plan(g)) < 0)
+    if ((rc = plan(g)) < 0) {
+        end_call(g);
         return rc;
-    g->forever = timeout_ns < 0 || timeout_ns >= RDV_FOREVER_NS;
-    g->deadline = g->forever ? 0 : rdv_now_ns() + timeout_ns;
+    }
+    g->forever = g->timeout_ns < 0 || g->timeout_ns >= RDV_FOREVER_NS;
+    g->deadline = g->forever ? 0 : rdv_now_ns() + g->timeout_ns;
     g->p0 = g->next;
     g->phase = 0;
     g->produced = 0;
-    g->busy = 1;
     return advance(g, st);
 }
 
-int rdv_coll_resume(rdv_group_t *g, struct rdv_coll_status *st) {
-    if (!g->busy)
-        return -EINVAL;
-    return advance(g, st);
+int rdv_coll_run(rdv_group_t *g, uint64_t what, uint64_t nbytes, uint64_t shape_hash, const void *src,
+                 void *dst) {
+    return run(g, what, nbytes, shape_hash, src, dst);
 }
+
+int rdv_coll_barrier(rdv_group_t *g) { return run(g, RDV_COLL_BARRIER, 0, 0, NULL, NULL); }
+
+int rdv_coll_resume(rdv_group_t *g) {
+    /* relaxed, process-local: the caller is the thread whose call it is */
+    if (!READ_ONCE(g->busy))
+        return -EINVAL;
+    return advance(g, &g->st);
+}
+
+void rdv_coll_status(rdv_group_t *g, struct rdv_coll_status *out) { *out = g->st; }
+
+void rdv_coll_set_timeout(rdv_group_t *g, int64_t timeout_ns) { g->timeout_ns = timeout_ns; }
 
 int rdv_coll_abort(rdv_group_t *g, const char *reason, uint32_t reason_len) {
-    if (g->inert)
-        return -EBADF;
+    if (g->lock_fd < 0)
+        return -EBADF; /* a forked child's copy */
     if (reason_len > RDV_REASON_MAX)
         return -EINVAL;
     pthread_mutex_lock(&g->abort_lock);
@@ -790,23 +812,31 @@ uint32_t rdv_coll_pid(rdv_group_t *g, uint32_t rank) {
     return rank < g->world ? READ_ONCE(g->ranks[rank].pid) : 0;
 }
 
-void rdv_coll_close(rdv_group_t *g) {
-    if (!g->inert) {
-        /* release: others that find our lock free read CLOSED (declare_lost) */
-        smp_store_release(&g->ranks[g->rank].state, RDV_COLL_RANK_CLOSED);
-        rdv_byte_unlock(g->lock_fd, RDV_COLL_LIVE_BYTE(g->rank));
-        /* whoever waits on us looks at our lock now, not at its slice's end */
-        rdv_futex_wake_all(&g->ranks[g->rank].arrive);
+void rdv_coll_leave(rdv_group_t *g) {
+    if (g->inert)
+        return;
+    g->inert = 1;
+    /* release: others that find our lock free read CLOSED (declare_lost) */
+    smp_store_release(&g->ranks[g->rank].state, RDV_COLL_RANK_CLOSED);
+    /* The byte only: the description stays open until rdv_coll_free, as a
+     * running call of another thread may still look at others' bytes. */
+    rdv_byte_unlock(g->lock_fd, RDV_COLL_LIVE_BYTE(g->rank));
+    /* whoever waits on us looks at our lock now, not at its slice's end */
+    rdv_futex_wake_all(&g->ranks[g->rank].arrive);
+}
+
+void rdv_coll_free(rdv_group_t *g) {
+    rdv_coll_leave(g);
+    if (g->lock_fd >= 0)
         rdv_close_fd(g->lock_fd);
-    }
     rdv_unmap(g->base, g->len);
     pthread_mutex_destroy(&g->abort_lock);
     free(g);
 }
 
 void rdv_coll_forget(rdv_group_t *g) {
-    if (g->inert)
-        return;
-    rdv_close_fd(g->lock_fd); /* our copy of the description: the parent keeps its own */
+    if (g->lock_fd >= 0)
+        rdv_close_fd(g->lock_fd); /* our copy of the description: the parent keeps its own */
+    g->lock_fd = -1;
     g->inert = 1;
 }

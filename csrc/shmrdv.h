@@ -308,30 +308,38 @@ int rdv_coll_open(int fd, int create, uint32_t world, uint32_t rank, uint64_t sl
  * by a job still running): 1, with its pid when it has written it, or 0. */
 int rdv_coll_creator_alive(int fd, uint32_t *pid);
 /* Wait for every rank to have joined: 0, or -EINPROGRESS when a slice of
- * the wait (50 ms at most) ended first: call again. Other returns as
- * rdv_coll_run's. */
-int rdv_coll_wait_joined(rdv_group_t *g, int64_t timeout_ns, struct rdv_coll_status *st);
-/* Run a collective (kind, and op for reductions, on elements of dtype).
- * nbytes: the input's bytes (a row's for scatter and alltoall, whose
- * inputs hold world_size rows; the root's row for scatter everywhere).
- * src and dst as the kind needs them (NULL where a rank has none).
- * shape_hash: any value every rank must agree on besides the rest (the
- * shape). 0 when done; -EINPROGRESS when a slice of a wait
- * ended first (call rdv_coll_resume, which continues the same call);
- * -EBADE mismatch, -EPIPE a rank is gone, -ETIMEDOUT, -ECONNABORTED
- * aborted, -EINVAL bad arguments (nothing started). */
-int rdv_coll_run(rdv_group_t *g, uint32_t kind, uint32_t op, uint32_t dtype, uint32_t root,
-                 uint64_t nbytes, uint64_t shape_hash, const void *src, void *dst, int64_t timeout_ns,
-                 struct rdv_coll_status *st);
-int rdv_coll_resume(rdv_group_t *g, struct rdv_coll_status *st);
+ * the wait (50 ms at most) ended first: call again (rdv_coll_status's
+ * missing: who has not joined). Other returns as rdv_coll_run's. */
+int rdv_coll_wait_joined(rdv_group_t *g, int64_t timeout_ns);
+/* The timeout of every later call of this handle (< 0: none). */
+void rdv_coll_set_timeout(rdv_group_t *g, int64_t timeout_ns);
+/* Run a collective. what: kind | op << 8 | dtype << 16 | root << 32 (op
+ * for reductions, on elements of dtype; root for rooted kinds). nbytes:
+ * the input's bytes (a row's for scatter and alltoall, whose inputs hold
+ * world_size rows; the root's row for scatter everywhere). src and dst as
+ * the kind needs them (NULL where a rank has none). shape_hash: any value
+ * every rank must agree on besides the rest (the shape). 0 when done;
+ * -EINPROGRESS when a slice of a wait ended first (call rdv_coll_resume,
+ * which continues the same call); -EBADE mismatch, -EPIPE a rank is gone,
+ * -ETIMEDOUT, -ECONNABORTED aborted, -EINVAL bad arguments (nothing
+ * started), -EALREADY another thread's call on this handle is running.
+ * rdv_coll_status then says why. rdv_coll_barrier is the barrier's call. */
+int rdv_coll_run(rdv_group_t *g, uint64_t what, uint64_t nbytes, uint64_t shape_hash, const void *src,
+                 void *dst);
+int rdv_coll_barrier(rdv_group_t *g);
+int rdv_coll_resume(rdv_group_t *g);
+void rdv_coll_status(rdv_group_t *g, struct rdv_coll_status *out);
 /* Abort the group: every member's pending and later calls fail with
  * -ECONNABORTED. The first reason wins. */
 int rdv_coll_abort(rdv_group_t *g, const char *reason, uint32_t reason_len);
 int rdv_coll_reason(rdv_group_t *g, char *buf, uint32_t cap, uint32_t *len);
 /* The pid that joined as rank (0 if none). */
 uint32_t rdv_coll_pid(rdv_group_t *g, uint32_t rank);
-/* Leave the group and free the handle. */
-void rdv_coll_close(rdv_group_t *g);
+/* Leave the group: a rank waiting for us finds us gone (closed). The
+ * handle then refuses calls; a call of another thread that is running
+ * ends on its own. rdv_coll_free unmaps and frees it, once no call is. */
+void rdv_coll_leave(rdv_group_t *g);
+void rdv_coll_free(rdv_group_t *g);
 /* In a forked child: drop the inherited handle's liveness lock (so the
  * parent's rank ends with the parent) and make the handle refuse calls. */
 void rdv_coll_forget(rdv_group_t *g);

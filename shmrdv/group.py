@@ -65,6 +65,7 @@ _INTEGRAL = "biu"  # numpy kinds the bitwise ops take
 _META_DIMS = 2 + limits.NDIM_MAX  # scatter's header: dtype code, ndim, shape
 _CREATOR_GRACE_S = 1.0  # as a rendezvous: an unlocked, uninitialised segment younger than this may be starting
 _EINPROGRESS = -errno.EINPROGRESS
+_ALLREDUCE, _BARRIER, _NULL = lib.RDV_COLL_ALLREDUCE, lib.RDV_COLL_BARRIER, ffi.NULL  # the short paths' constants
 _open_groups: "weakref.WeakSet[Group]" = weakref.WeakSet()
 _shape_hashes: Dict[Tuple[Tuple[int, ...], np.dtype], int] = {}
 _reductions: Dict[Tuple[str, np.dtype], Tuple[int, int]] = {}  # (op, dtype) -> codes, once checked
@@ -148,13 +149,17 @@ class Group:
                                         f"{self._timeout} s; start every rank, or pass a longer timeout=")
             time.sleep(pause)
             pause = min(2 * pause, 0.05)
-        self._g = out[0]
         self._ino = fd_ino
-        if last[0]:
-            self._unlink()
         try:
+            self._g = ffi.gc(out[0], lib.rdv_coll_free)  # freed once no call holds it (close only leaves)
+            lib.rdv_coll_set_timeout(self._g, self._timeout_ns)
+            if last[0]:
+                self._unlink()
             self._wait_joined(deadline)
         except BaseException:
+            if self._g is None:
+                lib.rdv_coll_free(out[0])
+                self._unlink()
             self._close_handle()
             raise
 
@@ -244,11 +249,12 @@ class Group:
         st = self._status
         while True:
             left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1e9))
-            rc = lib.rdv_coll_wait_joined(self._g, left, st)
+            rc = lib.rdv_coll_wait_joined(self._g, left)
             if rc == 0:
                 return
+            lib.rdv_coll_status(self._g, st)
             if rc != _EINPROGRESS:
-                self._raise(rc, "joining")
+                self._raise(self._g, rc, "joining")
             if deadline is not None and time.monotonic() >= deadline:
                 missing = [r for r in range(self._world) if st.missing >> r & 1]
                 raise RendezvousTimeout(f"joining group {self._name!r} as rank {self._rank}: ranks {missing} had "
@@ -296,9 +302,9 @@ class Group:
         if self._g is not None:
             g, self._g = self._g, None
             _open_groups.discard(self)
-            if os.getpid() == self._pid and not self._unlinked:
+            if not self._forked and not self._unlinked:
                 self._unlink()  # the group never completed: its name goes with it
-            lib.rdv_coll_close(g)
+            lib.rdv_coll_leave(g)  # a call of another thread still running keeps g (and its mapping) alive
 
     def _forget(self) -> None:
         self._forked = True
@@ -325,31 +331,34 @@ class Group:
     # ---- running a call ----
 
     def _run(self, kind: int, op: int, dtype: int, root: int, nbytes: int, shash: int, src: Any, dst: Any) -> None:
-        st = self._status
-        with self._lock:
-            g = self._g
-            if g is None or self._forked:
-                self._handle()  # raises, saying why
-            rc = lib.rdv_coll_run(g, kind, op, dtype, root, nbytes, shash, src, dst, self._timeout_ns, st)
-            if rc == 0:
-                return
-            try:
-                while rc == _EINPROGRESS:  # a slice of the wait ended: signal handlers run here
-                    rc = lib.rdv_coll_resume(g, st)
-            except BaseException as exc:  # Ctrl-C mid-call: the others must not wait for us
-                lib.rdv_coll_abort(g, *self._reason(f"rank {self._rank} was interrupted ({type(exc).__name__}) "
-                                                    f"in {_KINDS[kind]}"))
-                raise
+        g = self._g
+        if g is None or self._forked:
+            g = self._handle()  # raises, saying why
+        rc = lib.rdv_coll_run(g, kind | op << 8 | dtype << 16 | root << 32, nbytes, shash, src, dst)
+        if rc:
+            self._finish(g, rc, kind | op << 8 | dtype << 16 | root << 32, nbytes)
+
+    def _finish(self, g: Any, rc: int, what: int, nbytes: int) -> None:
+        """A call that did not complete at once: wait on (in slices, between
+        which signal handlers run), or raise what went wrong."""
+        kind = _KINDS.get(what & 0xFF, "collective")
+        try:
+            while rc == _EINPROGRESS:
+                rc = lib.rdv_coll_resume(g)
+        except BaseException as exc:  # Ctrl-C mid-call: the others must not wait for us
+            lib.rdv_coll_abort(g, *self._reason(f"rank {self._rank} was interrupted ({type(exc).__name__}) in {kind}"))
+            raise
         if rc < 0:
-            self._last = (kind, op, dtype, root, nbytes)
-            self._raise(rc, _KINDS[kind])
+            self._last = (what & 0xFF, what >> 8 & 0xFF, what >> 16 & 0xFF, what >> 32, nbytes)
+            lib.rdv_coll_status(g, self._status)
+            self._raise(g, rc, kind)
 
     @staticmethod
     def _reason(text: str) -> Tuple[bytes, int]:
         data = text.encode()[: limits.REASON_MAX]
         return data, len(data)
 
-    def _raise(self, rc: int, what: str) -> None:
+    def _raise(self, g: Any, rc: int, what: str) -> None:
         st = self._status
         if rc == -errno.EBADE:
             mine = self._last
@@ -367,17 +376,20 @@ class Group:
             missing = [r for r in range(self._world) if st.missing >> r & 1]
             message = (f"{what} on group {self._name!r}: rank {self._rank} gave up after {self._timeout} s: ranks "
                        f"{missing} had not arrived")
-            if self._g is not None:  # the others must not wait for us, nor read our half-done call
-                lib.rdv_coll_abort(self._g, *self._reason(message))
+            # the others must not wait for us, nor read our half-done call
+            lib.rdv_coll_abort(g, *self._reason(message))
             raise RendezvousTimeout(message + "; the group is aborted")
         if rc == -errno.ECONNABORTED:
             buf = ffi.new("char[]", limits.REASON_MAX)
             n = ffi.new("uint32_t *")
-            lib.rdv_coll_reason(self._g, buf, limits.REASON_MAX, n)
+            lib.rdv_coll_reason(g, buf, limits.REASON_MAX, n)
             reason = ffi.unpack(buf, n[0]).decode("utf-8", "replace")
             raise Aborted(f"group {self._name!r} was aborted: {reason}")
         if rc == -errno.EBADF:
-            raise RendezvousError(f"group {self._name!r} cannot be used here (closed, or inherited through fork)")
+            raise RendezvousError(f"group {self._name!r} is closed")
+        if rc == -errno.EALREADY:
+            raise RendezvousError(f"{what} on group {self._name!r}: another thread of this process is in a call on "
+                                  f"this group; a group runs one call at a time, in the same order on every rank")
         if rc == -errno.EINVAL:
             raise InvalidArgument(f"{what} on group {self._name!r}: invalid arguments")
         raise RendezvousError(f"{what} on group {self._name!r}: {errno.errorcode.get(-rc, rc)} ({rc})")
@@ -457,7 +469,12 @@ class Group:
 
     def barrier(self) -> None:
         """Return once every rank has called barrier."""
-        self._run(lib.RDV_COLL_BARRIER, 0, 0, 0, 0, 0, ffi.NULL, ffi.NULL)
+        g = self._g
+        if g is None or self._forked:
+            g = self._handle()
+        rc = lib.rdv_coll_barrier(g)
+        if rc:
+            self._finish(g, rc, _BARRIER, 0)
 
     def allreduce(self, array: Any, op: str = "sum", *, out: Any = None) -> Any:
         """The element-wise reduction of every rank's array, on every rank
@@ -470,6 +487,9 @@ class Group:
             a, tensor = self._input(array, "allreduce")
         codes = _reductions.get((op, a.dtype)) if type(op) is str else None
         code, dt = codes if codes is not None else self._reduction(a, op, "allreduce")
+        g = self._g
+        if g is None or self._forked:
+            g = self._handle()
         fill = None
         if out is None:
             res, out_obj = np.empty_like(a), None
@@ -478,7 +498,11 @@ class Group:
         else:
             res, out_obj, fill = self._out(out, a, "allreduce")
         shash = _shape_hashes.get((a.shape, a.dtype)) or _shape_hash(a.shape, a.dtype)
-        self._run(lib.RDV_COLL_ALLREDUCE, code, dt, 0, a.nbytes, shash, ffi.from_buffer(a), ffi.from_buffer(res))
+        src = ffi.from_buffer(a)
+        what = _ALLREDUCE | code << 8 | dt << 16
+        rc = lib.rdv_coll_run(g, what, a.nbytes, shash, src, src if res is a else ffi.from_buffer(res))
+        if rc:
+            self._finish(g, rc, what, a.nbytes)
         return res if out_obj is None and not tensor else self._result(res, tensor, out_obj, fill)
 
     def reduce(self, array: Any, root: int = 0, op: str = "sum") -> Any:
