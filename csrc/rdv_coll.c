@@ -725,15 +725,13 @@ static int advance(rdv_group_t *g, struct rdv_coll_status *st) {
 }
 
 static int run(rdv_group_t *g, uint64_t what, uint64_t nbytes, uint64_t shape_hash, const void *src, void *dst) {
+    struct rdv_coll_status *st = &g->st;
+    int rc = check_state(g, st); /* first: a broken group says why, whatever was left running */
+    if (rc < 0)
+        return rc;
     /* acquire, process-local: one call per handle at a time; pairs with end_call */
     if (rdv_exchange(&g->busy, 1, __ATOMIC_ACQUIRE))
         return -EALREADY;
-    struct rdv_coll_status *st = &g->st;
-    int rc = check_state(g, st);
-    if (rc < 0) {
-        end_call(g);
-        return rc;
-    }
     struct rdv_coll_call *c = &g->c;
     c->kind = what & 0xff;
     c->op = what >> 8 & 0xff;

@@ -31,7 +31,7 @@ A block with neither a runnable language nor ``skip`` fails
 untested. Blocks must exit 0; Python blocks must also print nothing on
 stderr (no warnings). Every process a block starts is killed at the end.
 
-Isolation: each rendezvous name the blocks use (``Rendezvous("NAME"`` and
+Isolation: each rendezvous or group name the blocks use (``Rendezvous("NAME"``, ``Group("NAME"`` and
 ``--name NAME``) is replaced by ``NAME-<session tag>``, and each loopback port
 (``127.0.0.1:PORT``) by a free one, so that runs on the same machine do not
 meet. The blocks must remove what they create: a segment of this run (or a private
@@ -202,7 +202,7 @@ UNITS = units_of(BLOCKS)
 
 # -- isolation: unique names, free ports ---------------------------------------------------------
 
-NAME_PATTERNS = [re.compile(r"""Rendezvous\(\s*["']([^"']+)["']"""), re.compile(r"--name[= ]+([^\s'\"]+)")]
+NAME_PATTERNS = [re.compile(r"""(?:Rendezvous|Group)\(\s*["']([^"']+)["']"""), re.compile(r"--name[= ]+([^\s'\"]+)")]
 PORT_PATTERN = re.compile(r"127\.0\.0\.1:(\d+)")
 
 
