@@ -47,6 +47,7 @@ struct rdv_group {
     int64_t timeout_ns;  /* of each call */
     struct rdv_coll_status st; /* why the last call failed */
     int64_t spin_ns;     /* process-local hint */
+    int64_t spin_max_ns; /* its bound */
     uint32_t next;       /* the phase our next call starts at */
     pthread_mutex_t abort_lock; /* one writer of our reason area at a time */
     /* the call in progress */
@@ -162,7 +163,10 @@ static rdv_group_t *new_handle(uint8_t *base, uint64_t len, int lock_fd, uint32_
     g->world = world;
     g->rank = rank;
     g->slot = slot;
-    g->spin_ns = SPIN_START_NS;
+    /* More ranks than CPUs: a rank that spins takes the CPU a laggard needs,
+     * so spin only as long as a wake-up takes to start. */
+    g->spin_max_ns = world > rdv_cpus() ? SPIN_MIN_NS : SPIN_MAX_NS;
+    g->spin_ns = g->spin_max_ns < SPIN_START_NS ? g->spin_max_ns : SPIN_START_NS;
     pthread_mutex_init(&g->abort_lock, NULL);
     return g;
 }
@@ -607,7 +611,7 @@ static int wait_all(rdv_group_t *g, uint32_t P, struct rdv_coll_status *st) {
         if (lag < 0) {
             /* a wait that slept but ended soon: a longer spin would have caught it */
             int64_t waited = rdv_now_ns() - g->wait_from;
-            if (g->spun == 2 && waited < SPIN_MAX_NS && g->spin_ns < SPIN_MAX_NS)
+            if (g->spun == 2 && waited < SPIN_MAX_NS && g->spin_ns < g->spin_max_ns)
                 g->spin_ns *= 2;
             else if (waited > 16 * SPIN_MAX_NS && g->spin_ns > SPIN_MIN_NS)
                 g->spin_ns /= 2;

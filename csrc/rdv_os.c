@@ -35,6 +35,11 @@ uint32_t rdv_cpu(void) {
     return cpu < 0 ? 0 : (uint32_t)cpu;
 }
 
+uint32_t rdv_cpus(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : (uint32_t)n;
+}
+
 void rdv_yield(void) { sched_yield(); }
 
 int rdv_pid(void) { return getpid(); }

@@ -10,6 +10,7 @@
 int64_t rdv_now_ns(void);      /* CLOCK_MONOTONIC */
 uint64_t rdv_wall_ns(void);    /* CLOCK_REALTIME, for humans */
 uint32_t rdv_cpu(void);        /* the CPU this thread runs on now */
+uint32_t rdv_cpus(void);       /* CPUs online (at least 1) */
 void rdv_yield(void);
 int rdv_pid(void);          /* getpid() */
 
