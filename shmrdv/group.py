@@ -15,7 +15,7 @@ import threading
 import time
 import weakref
 import zlib
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import posix_ipc
@@ -79,6 +79,41 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def sweep_stale_groups() -> List[str]:
+    """Remove the segments of groups whose joining never completed and whose
+    rank 0 is gone (every member died before all had joined: nobody is left
+    to remove the name), this user's only; return their names. Run by every
+    rank 0 that creates a group, and by ``shmrdv gc``."""
+    removed = []
+    prefix = GROUP_PREFIX.lstrip("/")
+    try:
+        entries = [e for e in os.listdir("/dev/shm") if e.startswith(prefix)]
+    except FileNotFoundError:
+        return removed
+    pid = ffi.new("uint32_t *")
+    for entry in entries:
+        try:
+            shm = posix_ipc.SharedMemory("/" + entry)
+        except (posix_ipc.ExistentialError, posix_ipc.PermissionsError, OSError):
+            continue
+        try:
+            st = os.fstat(shm.fd)
+            if st.st_uid != os.geteuid() or lib.rdv_coll_creator_alive(shm.fd, pid):
+                continue
+            # a creator between its O_EXCL and its lock (microseconds) has a young, empty file
+            if st.st_size == 0 and time.time() - st.st_ctime < _CREATOR_GRACE_S:
+                continue
+        finally:
+            shm.close_fd()
+        try:
+            if os.stat("/dev/shm/" + entry).st_ino == st.st_ino:
+                posix_ipc.unlink_shared_memory("/" + entry)
+                removed.append(entry[len(prefix):])
+        except (FileNotFoundError, posix_ipc.ExistentialError):
+            pass
+    return removed
 
 
 def _shape_hash(shape: Tuple[int, ...], dtype: np.dtype) -> int:
@@ -166,6 +201,7 @@ class Group:
     def _try_open(self, slot_bytes: int, out: Any, last: Any) -> Tuple[int, int]:
         """One attempt: (0, inode) joined; (-ENOENT or -EAGAIN, 0) to try again."""
         if self._rank == 0:
+            sweep_stale_groups()
             try:
                 shm = posix_ipc.SharedMemory(self._path, posix_ipc.O_CREX, mode=0o600)
             except posix_ipc.ExistentialError:
@@ -635,4 +671,4 @@ def _describe(kind: int, op: int, dtype: int, root: int, nbytes: int) -> str:
     return f"{name}({', '.join(parts)})"
 
 
-__all__ = ["Group", "GROUP_PREFIX", "MAX_RANKS", "OPS", "SLOT_BYTES"]
+__all__ = ["Group", "GROUP_PREFIX", "MAX_RANKS", "OPS", "SLOT_BYTES", "sweep_stale_groups"]

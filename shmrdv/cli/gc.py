@@ -1,10 +1,13 @@
 """``shmrdv gc [NAME...] [--unlink-orphans]``: reclaim what dead processes
 held in every (or the named) rendezvous; with --unlink-orphans, also remove
-segments that no live process has attached (their pending messages go too)."""
+segments that no live process has attached (their pending messages go too).
+Without names it also removes the segments of groups whose joining never
+completed and whose rank 0 is gone."""
 import argparse
 import os
 import sys
 
+from ..group import sweep_stale_groups
 from ..rendezvous import Rendezvous, unlink_segment
 from ..segments import others, segment_names
 from ._common import SEGMENT_ERRORS, about, rendezvous_name
@@ -42,4 +45,7 @@ def run(args: argparse.Namespace) -> int:
                 continue
             line += f"; no live process attached: removed ({pending} pending message(s) dropped)"
         print(line)
+    if not args.names:
+        for name in sweep_stale_groups():
+            print(f"group {name}: never completed and its rank 0 is gone: removed")
     return failed

@@ -1,0 +1,711 @@
+"""The "shmrdv" process group: torch.distributed's collectives on CPU
+tensors, through shared memory among the ranks of one host and
+hierarchically through gloo across hosts.
+
+Creating a group (``create_process_group``, which torch calls on every
+member, for the default group and for each ``new_group``):
+
+1. rank 0 draws a random group name and publishes it in the group's Store
+   (a prefixed one per group), so that two jobs, or two groups of one job,
+   never meet in the same segment;
+2. the ranks exchange host identities through the Store (``hosts``) and
+   plan: all on one host, a ``shmrdv.Group`` of all of them (``_Local``);
+   on several hosts with as many ranks each, a Group per host plus a gloo
+   group per local index across hosts (``_Hierarchy``); on hosts with
+   unequal rank counts, one flat gloo group of all ranks (``_Gloo``, with
+   a warning: correct, without the shared-memory path).
+
+The ProcessGroup itself only adapts torch's calling conventions (lists of
+tensors, options objects, non-contiguous tensors) to those three
+transports, and runs every call on its worker thread (``work``). Results
+are written into the caller's tensors: a contiguous tensor is handed to
+the transport as it is (input and output at once where the collective is
+in place); only a non-contiguous one is staged through a contiguous copy.
+"""
+import contextlib
+import datetime
+import logging
+import math
+import os
+from typing import Any, Callable, Iterator, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import InvalidArgument, InvalidType, RendezvousError
+from ..group import Group
+from . import hosts
+from .work import Work, Worker
+
+BACKEND_NAME = "shmrdv"
+"""The name to pass to ``torch.distributed.init_process_group``."""
+
+_log = logging.getLogger(__name__)
+_KEY_NAME = "shmrdv/name"
+_RED = dist.ReduceOp.RedOpType
+_OPS = {int(_RED.SUM): "sum", int(_RED.AVG): "mean", int(_RED.PRODUCT): "prod", int(_RED.MIN): "min",
+        int(_RED.MAX): "max", int(_RED.BAND): "band", int(_RED.BOR): "bor", int(_RED.BXOR): "bxor"}
+"""torch's reduce ops, as shmrdv.Group names them."""
+_GLOO_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
+             "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "band": dist.ReduceOp.BAND,
+             "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
+"""The op gloo runs for each (gloo has no mean: a sum, divided afterwards)."""
+
+
+# ---- helpers shared by the transports ----
+
+def _fill(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy src's elements, in order, into the contiguous tensor dst."""
+    dst.view(-1).copy_(src.reshape(-1))
+
+
+def _options(kind: Callable[[], Any], **fields: Any) -> Any:
+    opts = kind()
+    for name, value in fields.items():
+        setattr(opts, name, value)
+    return opts
+
+
+def _gloo(store: Any, prefix: str, rank: int, size: int, timeout: datetime.timedelta) -> Any:
+    """A gloo group on its own part of the Store. Under the testing
+    override the fake hosts are one machine, so gloo uses the loopback
+    device; otherwise gloo picks its device as it does for torch's own gloo
+    groups (the interfaces in GLOO_SOCKET_IFNAME, or the hostname's)."""
+    prefixed = dist.PrefixStore(prefix, store)
+    if hosts.testing_host_id() is None:
+        return dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    options._timeout = timeout
+    return dist.ProcessGroupGloo(prefixed, rank, size, options)
+
+
+# ---- the transports: collectives on contiguous tensors ----
+#
+# Each takes contiguous tensors and writes its result into the output it is
+# given (into the input itself for allreduce, broadcast and, on the root,
+# reduce). op is a shmrdv.Group op name; alltoall's splits are per-rank
+# row counts, or None for equal blocks.
+
+class _Local:
+    """Every rank on one host: one shmrdv.Group."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+
+    def allreduce(self, t: torch.Tensor, op: str) -> None:
+        self.group.allreduce(t, op, out=t)
+
+    def broadcast(self, t: torch.Tensor, root: int) -> None:
+        self.group.broadcast(t, root, out=t)
+
+    def allgather(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        _fill(out, self.group.allgather(t))
+
+    def reduce_scatter(self, out: torch.Tensor, t: torch.Tensor, op: str) -> None:
+        _fill(out, self.group.reduce_scatter(t.view(self.group.world_size, -1), op))
+
+    def reduce(self, t: torch.Tensor, root: int, op: str) -> None:
+        result = self.group.reduce(t, root, op)
+        if result is not None:
+            _fill(t, result)
+
+    def gather(self, out: Optional[torch.Tensor], t: torch.Tensor, root: int) -> None:
+        result = self.group.gather(t, root)
+        if out is not None:
+            _fill(out, result)
+
+    def scatter(self, out: torch.Tensor, src: Optional[torch.Tensor], root: int) -> None:
+        _fill(out, self.group.scatter(src, root))
+
+    def alltoall(self, out: torch.Tensor, t: torch.Tensor, splits: Optional[Sequence[List[int]]]) -> None:
+        world = self.group.world_size
+        if splits is None:
+            _fill(out, self.group.alltoall(t.view(world, -1)))
+            return
+        # Uneven rows: every rank sends blocks padded to the largest split of any rank.
+        out_splits, in_splits = splits
+        row = math.prod(t.shape[1:])
+        largest = torch.tensor([max(in_splits)], dtype=torch.int64)
+        self.group.allreduce(largest, "max", out=largest)
+        block = int(largest) * row
+        send = t.view(world, block) if all(n * row == block for n in in_splits) else _padded(t, in_splits, row, block)
+        received = self.group.alltoall(send)
+        if all(n * row == block for n in out_splits):
+            _fill(out, received)
+        else:
+            _unpad(out, received, out_splits, row)
+
+    def barrier(self) -> None:
+        self.group.barrier()
+
+    def failed(self, error: BaseException) -> None:
+        """Nothing to tell: the Group's own errors reach every rank (a lost
+        peer, a mismatch) or abort it (a timeout)."""
+
+    def abort(self, reason: str) -> None:
+        if not self.group.closed:
+            self.group.abort(reason)
+
+    def close(self) -> None:
+        self.group.close()
+
+
+def _padded(t: torch.Tensor, splits: Sequence[int], row: int, block: int) -> torch.Tensor:
+    """t's rows, split as given, each part at the start of a block of its own."""
+    send = t.new_zeros((len(splits), block))
+    flat, pos = t.reshape(-1), 0
+    for j, n in enumerate(splits):
+        send[j, : n * row] = flat[pos : pos + n * row]
+        pos += n * row
+    return send
+
+
+def _unpad(out: torch.Tensor, received: torch.Tensor, splits: Sequence[int], row: int) -> None:
+    flat, pos = out.view(-1), 0
+    for j, n in enumerate(splits):
+        flat[pos : pos + n * row] = received[j, : n * row]
+        pos += n * row
+
+
+class _Gloo:
+    """Every collective through one gloo group of all the ranks."""
+
+    def __init__(self, store: Any, prefix: str, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        self.rank = rank
+        self.size = size
+        self.pg = _gloo(store, prefix, rank, size, timeout)
+
+    def allreduce(self, t: torch.Tensor, op: str) -> None:
+        self.pg.allreduce([t], _GLOO_OPS[op]).wait()
+        if op == "mean":
+            t.div_(self.size)
+
+    def broadcast(self, t: torch.Tensor, root: int) -> None:
+        self.pg.broadcast([t], _options(dist.BroadcastOptions, rootRank=root)).wait()
+
+    def allgather(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        self.pg._allgather_base(out.view(-1), t.view(-1)).wait()
+
+    def reduce_scatter(self, out: torch.Tensor, t: torch.Tensor, op: str) -> None:
+        opts = _options(dist.ReduceScatterOptions, reduceOp=_GLOO_OPS[op])
+        self.pg._reduce_scatter_base(out.view(-1), t.view(-1), opts).wait()
+        if op == "mean":
+            out.div_(self.size)
+
+    def reduce(self, t: torch.Tensor, root: int, op: str) -> None:
+        buf = t if self.rank == root else t.clone()  # gloo leaves partial sums in non-roots' tensors
+        self.pg.reduce([buf], _options(dist.ReduceOptions, rootRank=root, reduceOp=_GLOO_OPS[op])).wait()
+        if op == "mean" and self.rank == root:
+            t.div_(self.size)
+
+    def gather(self, out: Optional[torch.Tensor], t: torch.Tensor, root: int) -> None:
+        outputs = [list(out.unbind(0))] if out is not None else []
+        self.pg.gather(outputs, [t], _options(dist.GatherOptions, rootRank=root)).wait()
+
+    def scatter(self, out: torch.Tensor, src: Optional[torch.Tensor], root: int) -> None:
+        inputs = [list(src.unbind(0))] if src is not None else []
+        self.pg.scatter([out], inputs, _options(dist.ScatterOptions, rootRank=root)).wait()
+
+    def alltoall(self, out: torch.Tensor, t: torch.Tensor, splits: Optional[Sequence[List[int]]]) -> None:
+        out_splits, in_splits = splits if splits is not None else ([], [])
+        self.pg.alltoall_base(out, t, out_splits, in_splits, dist.AllToAllOptions()).wait()
+
+    def barrier(self) -> None:
+        self.pg.barrier(dist.BarrierOptions()).wait()
+
+    def failed(self, error: BaseException) -> None:
+        self.abort(f"{type(error).__name__}: {error}")
+
+    def abort(self, reason: str) -> None:
+        self.pg.abort()
+
+    def close(self) -> None:
+        self.pg.shutdown()
+
+
+class _Hierarchy:
+    """Ranks on several hosts, as many on each: a shmrdv.Group per host,
+    and a gloo group per local index joining that index's rank on every
+    host (its "peers"; local index 0's are the hosts' leaders).
+
+    allreduce moves each byte across hosts once per host: a
+    reduce-scatter in shared memory leaves local rank i the reduction of
+    block i of its host, the peers allreduce that block through gloo, and
+    an allgather in shared memory puts the blocks together (the tensor is
+    padded to a multiple of the local size when it must be). broadcast and
+    barrier go through the leaders, allgather through the peers then
+    shared memory; reduce and reduce_scatter are an allreduce of which the
+    rank keeps its part; gather, scatter and alltoall, rarely on a hot
+    path, use a flat gloo group of all ranks, made on first use."""
+
+    def __init__(self, plan: hosts.HostPlan, name: str, store: Any, timeout: datetime.timedelta) -> None:
+        self.plan = plan
+        self.rank = plan.rank
+        self.size = sum(len(h) for h in plan.hosts)
+        self._store = store
+        self._timeout = timeout
+        self._flat: Optional[_Gloo] = None
+        self._order = torch.tensor(plan.order(), dtype=torch.int64)
+        self.local = Group(f"{name}.h{plan.host}", plan.local_rank, plan.local_size, timeout=timeout.total_seconds())
+        try:
+            self.peers = _gloo(store, f"shmrdv/peers{plan.local_rank}/", plan.host, len(plan.hosts), timeout)
+        except BaseException:
+            self.local.close()
+            raise
+
+    @property
+    def flat(self) -> _Gloo:
+        if self._flat is None:  # on the worker thread, at the same call on every rank
+            self._flat = _Gloo(self._store, "shmrdv/flat/", self.rank, self.size, self._timeout)
+        return self._flat
+
+    def allreduce(self, t: torch.Tensor, op: str) -> None:
+        flat = t.view(-1)
+        n = flat.numel()
+        if n == 0:
+            return
+        local = self.local.world_size
+        block = -(-n // local)
+        buf = flat if block * local == n else torch.cat([flat, flat.new_zeros(block * local - n)])
+        mine = self.local.reduce_scatter(buf.view(local, block), "sum" if op == "mean" else op).view(-1)
+        self.peers.allreduce([mine], _GLOO_OPS[op]).wait()
+        flat.copy_(self.local.allgather(mine).view(-1)[:n])
+        if op == "mean":
+            t.div_(self.size)
+
+    def broadcast(self, t: torch.Tensor, root: int) -> None:
+        root_host, root_local = self.plan.locate(root)
+        mine = self.plan.host == root_host
+        if mine:
+            self.local.broadcast(t, root_local, out=t)
+        if self.plan.local_rank == 0:
+            self.peers.broadcast([t], _options(dist.BroadcastOptions, rootRank=root_host)).wait()
+        if not mine:
+            self.local.broadcast(t, 0, out=t)
+
+    def allgather(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        n = t.numel()
+        if n == 0:
+            return
+        from_peers = t.new_empty(len(self.plan.hosts) * n)
+        self.peers._allgather_base(from_peers, t.view(-1)).wait()
+        every = self.local.allgather(from_peers)  # row i: local rank i's peers' tensors, in host order
+        out.view(self.size, n).index_copy_(0, self._order, every.view(-1, n))
+
+    def reduce_scatter(self, out: torch.Tensor, t: torch.Tensor, op: str) -> None:
+        total = t.clone()
+        self.allreduce(total, op)
+        _fill(out, total.view(self.size, -1)[self.rank])
+
+    def reduce(self, t: torch.Tensor, root: int, op: str) -> None:
+        self.allreduce(t if self.rank == root else t.clone(), op)
+
+    def gather(self, out: Optional[torch.Tensor], t: torch.Tensor, root: int) -> None:
+        self.flat.gather(out, t, root)
+
+    def scatter(self, out: torch.Tensor, src: Optional[torch.Tensor], root: int) -> None:
+        self.flat.scatter(out, src, root)
+
+    def alltoall(self, out: torch.Tensor, t: torch.Tensor, splits: Optional[Sequence[List[int]]]) -> None:
+        self.flat.alltoall(out, t, splits)
+
+    def barrier(self) -> None:
+        self.local.barrier()
+        if self.plan.local_rank == 0:
+            self.peers.barrier(dist.BarrierOptions()).wait()
+        self.local.barrier()
+
+    def failed(self, error: BaseException) -> None:
+        """One part failed: abort the others, so that no rank waits on this
+        one in shared memory or in gloo."""
+        self.abort(f"rank {self.rank}: {type(error).__name__}: {error}")
+
+    def abort(self, reason: str) -> None:
+        if not self.local.closed:
+            self.local.abort(reason)
+        self.peers.abort()
+        if self._flat is not None:
+            self._flat.abort(reason)
+
+    def close(self) -> None:
+        self.local.close()
+        self.peers.shutdown()
+        if self._flat is not None:
+            self._flat.close()
+
+
+def _agree_name(store: Any, rank: int) -> str:
+    """The group's shmrdv name: random, drawn by rank 0, read by the others from the Store."""
+    if rank == 0:
+        name = f"torch-{os.urandom(8).hex()}"
+        store.set(_KEY_NAME, name)
+        return name
+    return store.get(_KEY_NAME).decode()
+
+
+def _connect(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Any:
+    """The transport for this group, as planned from the ranks' hosts."""
+    name = _agree_name(store, rank)
+    plan = hosts.plan_hosts(hosts.exchange_identities(store, rank, size), rank)
+    if plan.single_host:
+        return _Local(Group(name, rank, size, timeout=timeout.total_seconds()))
+    if not plan.uniform:
+        if rank == 0:
+            _log.warning("shmrdv: the ranks are spread unevenly over hosts (%s); every collective of this group "
+                         "goes through gloo, without shared memory", plan.describe())
+        return _Gloo(store, "shmrdv/flat/", rank, size, timeout)
+    if plan.local_size == 1:  # one rank per host: nothing to share
+        return _Gloo(store, "shmrdv/flat/", rank, size, timeout)
+    _log.debug("shmrdv: hierarchical group %s: %s", name, plan.describe())
+    return _Hierarchy(plan, name, store, timeout)
+
+
+# ---- torch's conventions ----
+
+def _one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
+    """The one CPU tensor of a call (torch passes lists, one tensor per device)."""
+    if len(tensors) != 1:
+        raise InvalidArgument(f"{what}: the shmrdv backend takes one tensor per call, got {len(tensors)}")
+    return _cpu(tensors[0], what)
+
+
+def _cpu(t: torch.Tensor, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise InvalidType(f"{what}: expected a tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise InvalidType(f"{what}: a {t.device.type} tensor; the shmrdv backend moves CPU tensors")
+    return t.detach()
+
+
+def _reduction(opts: Any, t: torch.Tensor, what: str) -> str:
+    """The Group op for opts.reduceOp, checked against t's dtype here, on
+    the caller's thread, so that a wrong call raises before it starts."""
+    code = int(opts.reduceOp.op)
+    op = _OPS.get(code)
+    if op is None:
+        raise InvalidArgument(f"{what}: the shmrdv backend does not support {opts.reduceOp.op}")
+    fractional = t.is_floating_point() or t.is_complex()
+    if op == "mean" and not fractional:
+        raise InvalidArgument(f"{what}: ReduceOp.AVG needs a floating dtype, not {t.dtype}; use SUM and divide")
+    if op in ("band", "bor", "bxor") and fractional:
+        raise InvalidArgument(f"{what}: {opts.reduceOp.op} is for integer and bool tensors, not {t.dtype}")
+    if op in ("min", "max") and t.is_complex():
+        raise InvalidArgument(f"{what}: {opts.reduceOp.op} is not defined for complex tensors")
+    return op
+
+
+@contextlib.contextmanager
+def _writable(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """t itself when contiguous (the result goes straight into it), else a
+    contiguous copy whose result is copied back into t."""
+    if t.is_contiguous():
+        yield t
+        return
+    staged = t.contiguous()
+    yield staged
+    t.copy_(staged)
+
+
+def _same(tensors: Sequence[torch.Tensor], like: torch.Tensor, count: int, what: str) -> List[torch.Tensor]:
+    """count CPU tensors of like's shape and dtype."""
+    if len(tensors) != count:
+        raise InvalidArgument(f"{what}: expected {count} tensors (one per rank), got {len(tensors)}")
+    checked = [_cpu(t, what) for t in tensors]
+    for t in checked:
+        if t.shape != like.shape or t.dtype != like.dtype:
+            raise InvalidArgument(f"{what}: every tensor must have shape {tuple(like.shape)} and dtype "
+                                  f"{like.dtype}, got {tuple(t.shape)} and {t.dtype}")
+    return checked
+
+
+def _sized(t: torch.Tensor, like: torch.Tensor, factor: int, what: str) -> None:
+    if t.numel() != factor * like.numel() or t.dtype != like.dtype:
+        raise InvalidArgument(f"{what}: expected {factor} x {like.numel()} elements of {like.dtype}, got "
+                              f"{t.numel()} of {t.dtype}")
+
+
+def _splits(given: Sequence[int], rows: int, world: int, what: str) -> List[int]:
+    splits = [int(n) for n in given] if len(given) else [rows // world] * world
+    if len(splits) != world or sum(splits) != rows or min(splits) < 0 or (not len(given) and rows % world):
+        raise InvalidArgument(f"{what}: splits {list(given)} do not divide {rows} rows among {world} ranks")
+    return splits
+
+
+class ProcessGroupShmrdv(dist.ProcessGroup):
+    """torch.distributed's process group over shmrdv (see the module docstring)."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        super().__init__(rank, size)
+        self._group_name = ""
+        self._group_desc = ""
+        self._world = size
+        self._closed = False
+        self._transport = _connect(store, rank, size, timeout)
+        self._worker = Worker(f"shmrdv-pg-r{rank}", self._transport.failed)
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupShmrdv(rank={self.rank()}, size={self.size()}, {type(self._transport).__name__[1:]})"
+
+    # ---- names torch sets and reads ----
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    # ---- the collectives ----
+
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        t = _one(tensors, "allreduce")
+        op = _reduction(opts, t, "allreduce")
+
+        def run() -> None:
+            with _writable(t) as buf:
+                self._transport.allreduce(buf, op)
+        return self._worker.submit(run, list(tensors))
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        checked = [_cpu(t, "allreduce_coalesced") for t in tensors]
+        ops = [_reduction(opts, t, "allreduce_coalesced") for t in checked]
+
+        def run() -> None:
+            for t, op in zip(checked, ops):
+                with _writable(t) as buf:
+                    self._transport.allreduce(buf, op)
+        return self._worker.submit(run, list(tensors))
+
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        t = _one(tensors, "broadcast")
+        root = self._root(opts, "broadcast")
+
+        def run() -> None:
+            with _writable(t) as buf:
+                self._transport.broadcast(buf, root)
+        return self._worker.submit(run, list(tensors))
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.ReduceOptions()
+        t = _one(tensors, "reduce")
+        op = _reduction(opts, t, "reduce")
+        root = self._root(opts, "reduce")
+
+        def run() -> None:
+            with _writable(t) as buf:
+                self._transport.reduce(buf, root, op)
+        return self._worker.submit(run, list(tensors))
+
+    def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
+                  opts: Any = None) -> Work:
+        t = _one(input_tensors, "all_gather")
+        outputs = _same(_one_list(output_tensors, "all_gather"), t, self._world, "all_gather")
+
+        def run() -> None:
+            gathered = t.new_empty((self._world,) + tuple(t.shape))
+            self._transport.allgather(gathered, t.contiguous())
+            for out, row in zip(outputs, gathered):
+                out.copy_(row)
+        return self._worker.submit(run, _flattened(output_tensors))
+
+    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor],
+                            opts: Any = None) -> Work:
+        inputs = [_cpu(t, "all_gather_coalesced") for t in input_list]
+        if len(output_lists) != len(inputs):
+            raise InvalidArgument(f"all_gather_coalesced: {len(inputs)} inputs but {len(output_lists)} output lists")
+        outputs = [_same(outs, t, self._world, "all_gather_coalesced") for outs, t in zip(output_lists, inputs)]
+
+        def run() -> None:
+            for t, outs in zip(inputs, outputs):
+                gathered = t.new_empty((self._world,) + tuple(t.shape))
+                self._transport.allgather(gathered, t.contiguous())
+                for out, row in zip(outs, gathered):
+                    out.copy_(row)
+        return self._worker.submit(run, _flattened(output_lists))
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        return self.all_gather_single_coalesced([output], [input], opts)
+
+    def all_gather_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+                                    opts: Any = None) -> Work:
+        pairs = self._pairs(outputs, inputs, "all_gather_into_tensor")
+        for out, t in pairs:
+            _sized(out, t, self._world, "all_gather_into_tensor")
+
+        def run() -> None:
+            for out, t in pairs:
+                with _writable(out) as buf:
+                    self._transport.allgather(buf, t.contiguous())
+        return self._worker.submit(run, list(outputs))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
+               opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.GatherOptions()
+        t = _one(input_tensors, "gather")
+        root = self._root(opts, "gather")
+        outputs = (_same(_one_list(output_tensors, "gather"), t, self._world, "gather")
+                   if self.rank() == root else None)
+
+        def run() -> None:
+            gathered = t.new_empty((self._world,) + tuple(t.shape)) if outputs is not None else None
+            self._transport.gather(gathered, t.contiguous(), root)
+            if outputs is not None:
+                for out, row in zip(outputs, gathered):
+                    out.copy_(row)
+        return self._worker.submit(run, _flattened(output_tensors))
+
+    def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
+                opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.ScatterOptions()
+        t = _one(output_tensors, "scatter")
+        root = self._root(opts, "scatter")
+        inputs = _same(_one_list(input_tensors, "scatter"), t, self._world, "scatter") if self.rank() == root else None
+
+        def run() -> None:
+            with _writable(t) as buf:
+                self._transport.scatter(buf, torch.stack(inputs) if inputs is not None else None, root)
+        return self._worker.submit(run, list(output_tensors))
+
+    def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
+                       opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        t = _one(output_tensors, "reduce_scatter")
+        inputs = _same(_one_list(input_tensors, "reduce_scatter"), t, self._world, "reduce_scatter")
+        op = _reduction(opts, t, "reduce_scatter")
+
+        def run() -> None:
+            with _writable(t) as buf:
+                self._transport.reduce_scatter(buf, torch.stack(inputs), op)
+        return self._worker.submit(run, list(output_tensors))
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
+
+    def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+                                        opts: Any = None) -> Work:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        pairs = self._pairs(outputs, inputs, "reduce_scatter_tensor")
+        ops = []
+        for out, t in pairs:
+            _sized(t, out, self._world, "reduce_scatter_tensor")
+            ops.append(_reduction(opts, t, "reduce_scatter_tensor"))
+
+        def run() -> None:
+            for (out, t), op in zip(pairs, ops):
+                with _writable(out) as buf:
+                    self._transport.reduce_scatter(buf, t.contiguous(), op)
+        return self._worker.submit(run, list(outputs))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
+                          input_split_sizes: Sequence[int], opts: Any = None) -> Work:
+        out, t = _cpu(output, "all_to_all_single"), _cpu(input, "all_to_all_single")
+        if out.dtype != t.dtype or (out.dim() and t.dim() and out.shape[1:] != t.shape[1:]):
+            raise InvalidArgument(f"all_to_all_single: output {tuple(out.shape)} {out.dtype} and input "
+                                  f"{tuple(t.shape)} {t.dtype} must share dtype and row shape")
+        if len(output_split_sizes) or len(input_split_sizes):
+            rows_out = out.shape[0] if out.dim() else 0
+            rows_in = t.shape[0] if t.dim() else 0
+            splits: Optional[Sequence[List[int]]] = (
+                _splits(output_split_sizes, rows_out, self._world, "all_to_all_single: output_split_sizes"),
+                _splits(input_split_sizes, rows_in, self._world, "all_to_all_single: input_split_sizes"))
+        else:
+            if t.dim() == 0 or t.shape[0] % self._world or out.shape != t.shape:
+                raise InvalidArgument(f"all_to_all_single: without splits, input and output need the same shape "
+                                      f"with rows divisible by {self._world}, got {tuple(t.shape)} and "
+                                      f"{tuple(out.shape)}")
+            splits = None
+
+        def run() -> None:
+            with _writable(out) as buf:
+                self._transport.alltoall(buf, t.contiguous(), splits)
+        return self._worker.submit(run, [output])
+
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
+                 opts: Any = None) -> Work:
+        if not input_tensors:
+            raise InvalidArgument("all_to_all: no input tensors")
+        first = _cpu(input_tensors[0], "all_to_all")
+        inputs = _same(input_tensors, first, self._world, "all_to_all")
+        outputs = _same(output_tensors, first, self._world, "all_to_all (outputs must match the inputs' shape)")
+
+        def run() -> None:
+            received = first.new_empty((self._world,) + tuple(first.shape))
+            self._transport.alltoall(received, torch.stack(inputs), None)
+            for out, row in zip(outputs, received):
+                out.copy_(row)
+        return self._worker.submit(run, list(output_tensors))
+
+    def barrier(self, opts: Any = None) -> Work:
+        return self._worker.submit(self._transport.barrier, [])
+
+    def _root(self, opts: Any, what: str) -> int:
+        root = int(opts.rootRank)
+        if not 0 <= root < self._world:
+            raise InvalidArgument(f"{what}: root {root} is not a rank of this group of {self._world}")
+        return root
+
+    def _pairs(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], what: str) -> List[Any]:
+        if len(outputs) != len(inputs):
+            raise InvalidArgument(f"{what}: {len(outputs)} outputs but {len(inputs)} inputs")
+        return [(_cpu(o, what), _cpu(i, what)) for o, i in zip(outputs, inputs)]
+
+    # ---- lifetime ----
+
+    def shutdown(self) -> None:
+        """Finish the queued collectives, then leave the group (destroy_process_group)."""
+        if self._closed:
+            return
+        self._worker.close(timeout=30)
+        if self._worker.running:  # a collective still waits for a peer that will not come
+            self._transport.abort(f"rank {self.rank()} shut the process group down with collectives pending")
+            self._worker.close(timeout=5)
+        self._close()
+
+    def abort(self) -> None:
+        """End every pending collective, here and on the peers (they raise Aborted)."""
+        if self._closed:
+            return
+        self._transport.abort(f"rank {self.rank()} aborted the process group")
+        self._worker.close(timeout=5)
+        self._close()
+
+    def _close(self) -> None:
+        self._closed = True
+        self._transport.close()
+
+
+def _flattened(lists: Sequence[Sequence[torch.Tensor]]) -> List[torch.Tensor]:
+    return [t for ts in lists for t in ts]
+
+
+def _one_list(lists: Sequence[Sequence[torch.Tensor]], what: str) -> Sequence[torch.Tensor]:
+    if len(lists) != 1:
+        raise InvalidArgument(f"{what}: the shmrdv backend takes one list of tensors per call, got {len(lists)}")
+    return lists[0]
+
+
+def create_process_group(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> ProcessGroupShmrdv:
+    """The creator torch calls on every member of a new group (the default
+    one and each new_group), with a Store of that group's own."""
+    if not isinstance(timeout, datetime.timedelta):
+        raise RendezvousError(f"the shmrdv backend expects a timedelta timeout, got {type(timeout).__name__}")
+    return ProcessGroupShmrdv(store, rank, size, timeout)
+
+
+__all__ = ["BACKEND_NAME", "ProcessGroupShmrdv", "create_process_group"]
