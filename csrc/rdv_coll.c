@@ -260,8 +260,11 @@ int rdv_coll_open(int fd, int create, uint32_t world, uint32_t rank, uint64_t sl
         }
     } else {
         rc = attach_map(fd, world, slot_bytes, &base, &len);
-        if (rc == 0 && rdv_byte_lock(lock_fd, RDV_COLL_LIVE_BYTE(rank)) < 0)
+        if (rc == 0 && rdv_byte_lock(lock_fd, RDV_COLL_LIVE_BYTE(rank)) < 0) {
+            /* relaxed: the holder's pid, for the message */
+            *last = READ_ONCE(((struct rdv_coll_rank *)(base + RDV_COLL_PAGE))[rank].pid);
             rc = -EBUSY;
+        }
     }
     rdv_group_t *g = NULL;
     if (rc == 0) {

@@ -62,12 +62,12 @@ if BFLOAT16 is not None:
     _DTYPES[BFLOAT16] = lib.RDV_DT_BF16
 _DTYPE_NAMES = {v: str(k) for k, v in _DTYPES.items()}
 _INTEGRAL = "biu"  # numpy kinds the bitwise ops take
-_META_DIMS = 2 + limits.NDIM_MAX  # scatter's header: dtype code, ndim, shape
+_META_DIMS = 3 + limits.NDIM_MAX  # scatter's header: dtype code, ndim, shape, whether a tensor
 _CREATOR_GRACE_S = 1.0  # as a rendezvous: an unlocked, uninitialised segment younger than this may be starting
 _EINPROGRESS = -errno.EINPROGRESS
 _ALLREDUCE, _BARRIER, _NULL = lib.RDV_COLL_ALLREDUCE, lib.RDV_COLL_BARRIER, ffi.NULL  # the short paths' constants
 _open_groups: "weakref.WeakSet[Group]" = weakref.WeakSet()
-_shape_hashes: Dict[Tuple[Tuple[int, ...], np.dtype], int] = {}
+_HASH_MASK = (1 << 63) - 1
 _reductions: Dict[Tuple[str, np.dtype], Tuple[int, int]] = {}  # (op, dtype) -> codes, once checked
 
 
@@ -117,15 +117,12 @@ def sweep_stale_groups() -> List[str]:
 
 
 def _shape_hash(shape: Tuple[int, ...], dtype: np.dtype) -> int:
-    """A hash of shape and dtype that is the same in every process (str
-    hashes are salted per process, so not hash())."""
-    key = (shape, dtype)
-    h = _shape_hashes.get(key)
-    if h is None:
-        h = zlib.crc32(repr((shape, dtype.str)).encode()) | len(shape) << 32
-        if len(_shape_hashes) < 4096:
-            _shape_hashes[key] = h
-    return h
+    """What every rank's call must agree on besides kind, op, dtype code,
+    root and bytes: the shape (a tuple of ints hashes alike in every
+    process: only str and bytes hashes are salted), and the dtype itself
+    when it has no code (allreduce's short path computes the same)."""
+    h = hash(shape) & _HASH_MASK
+    return h if dtype in _DTYPES else h ^ zlib.crc32(dtype.str.encode())
 
 
 def _int(value: object, what: str) -> int:
@@ -160,6 +157,7 @@ class Group:
         self._subgroups: Dict[Tuple[int, ...], int] = {}
         self._last: Tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)  # the call that failed, for messages
         self._forked = False
+        self._last_reduction: Tuple[Any, Any, int] = (None, None, 0)  # allreduce's (op, dtype, call word)
         self._status = ffi.new("struct rdv_coll_status *")
         self._path = GROUP_PREFIX + self._name
         self._unlinked = False
@@ -225,11 +223,16 @@ class Group:
             check_owner(shm.fd, self._name, self._path)
             st = os.fstat(shm.fd)
             rc = lib.rdv_coll_open(shm.fd, 0, self._world, self._rank, slot_bytes, out, last)
+            pid = ffi.new("uint32_t *")
             if rc == 0:
-                return 0, st.st_ino
+                if lib.rdv_coll_creator_alive(shm.fd, pid):
+                    return 0, st.st_ino
+                # joined a segment whose rank 0 is gone: a killed job's, not ours
+                lib.rdv_coll_free(out[0])
+                self._unlink_if(st.st_ino)
+                return -errno.EAGAIN, 0
             if rc == -errno.EAGAIN:
                 return rc, 0
-            pid = ffi.new("uint32_t *")
             creator = lib.rdv_coll_creator_alive(shm.fd, pid)
         finally:
             shm.close_fd()
@@ -245,8 +248,8 @@ class Group:
                                   f"its own name")
         if rc == -errno.EXDEV:
             raise CollectiveMismatch(f"joining group {self._name!r} with world_size={self._world}: rank 0 "
-                                     f"(pid {pid[0]}) created it with another world_size; every rank must pass "
-                                     f"the same world_size (or another job uses this name)")
+                                     f"(pid {pid[0]}) created it with another world_size (or buffer size); every "
+                                     f"rank must pass the same (or another job uses this name)")
         raise SegmentMismatch(f"joining group {self._name!r}: its segment is not a group of this shmrdv "
                               f"({errno.errorcode.get(-rc, rc)}); remove /dev/shm{self._path} if no job uses it")
 
@@ -515,17 +518,38 @@ class Group:
     def allreduce(self, array: Any, op: str = "sum", *, out: Any = None) -> Any:
         """The element-wise reduction of every rank's array, on every rank
         (the same bits everywhere). out may be the input (in place)."""
-        # The common case (a contiguous ndarray, an op and dtype seen before)
-        # takes the fewest steps: a small allreduce is mostly this method.
-        if type(array) is np.ndarray and array.flags.c_contiguous:
-            a, tensor = array, False
-        else:
-            a, tensor = self._input(array, "allreduce")
-        codes = _reductions.get((op, a.dtype)) if type(op) is str else None
-        code, dt = codes if codes is not None else self._reduction(a, op, "allreduce")
+        # The common case, an ndarray with the op and dtype of the call
+        # before, in place or into a new array, takes the fewest steps: a
+        # small allreduce is mostly this. from_buffer refuses what the core
+        # cannot take as it is (not C-contiguous; read-only, for writing).
         g = self._g
         if g is None or self._forked:
             g = self._handle()
+        last_op, last_dtype, what = self._last_reduction
+        if type(array) is np.ndarray and op is last_op and array.dtype is last_dtype and (out is None or out is array):
+            try:
+                if out is None:
+                    src = ffi.from_buffer(array)
+                    res = np.empty_like(array)
+                    dst = ffi.from_buffer(res)
+                else:
+                    src = dst = ffi.from_buffer("char[]", array, True)
+                    res = array
+            except ValueError:
+                pass
+            else:
+                rc = lib.rdv_coll_run(g, what, array.nbytes, hash(array.shape) & _HASH_MASK, src, dst)
+                if rc:
+                    self._finish(g, rc, what, array.nbytes)
+                return res
+        return self._allreduce(g, array, op, out)
+
+    def _allreduce(self, g: Any, array: Any, op: str, out: Any) -> Any:
+        """allreduce, every case."""
+        a, tensor = self._input(array, "allreduce")
+        code, dt = self._reduction(a, op, "allreduce")
+        what = _ALLREDUCE | code << 8 | dt << 16
+        self._last_reduction = (op, a.dtype, what)
         fill = None
         if out is None:
             res, out_obj = np.empty_like(a), None
@@ -533,10 +557,11 @@ class Group:
             res, out_obj = a, out
         else:
             res, out_obj, fill = self._out(out, a, "allreduce")
-        shash = _shape_hashes.get((a.shape, a.dtype)) or _shape_hash(a.shape, a.dtype)
+            if res is not a and np.may_share_memory(res, a):  # overlapping, not the same: reduce from a copy
+                a = a.copy()
         src = ffi.from_buffer(a)
-        what = _ALLREDUCE | code << 8 | dt << 16
-        rc = lib.rdv_coll_run(g, what, a.nbytes, shash, src, src if res is a else ffi.from_buffer(res))
+        rc = lib.rdv_coll_run(g, what, a.nbytes, hash(a.shape) & _HASH_MASK, src,
+                              src if res is a else ffi.from_buffer(res))
         if rc:
             self._finish(g, rc, what, a.nbytes)
         return res if out_obj is None and not tensor else self._result(res, tensor, out_obj, fill)
@@ -606,6 +631,9 @@ class Group:
         if self._rank == root:
             a, tensor = self._input(array, "scatter")
             self._rows(a, "scatter")
+            if a.ndim - 1 > limits.NDIM_MAX - 1:
+                raise InvalidArgument(f"scatter: rows of {a.ndim - 1} dimensions; at most {limits.NDIM_MAX - 1} "
+                                      f"(the array, with its world_size rows, at most {limits.NDIM_MAX})")
             code = _DTYPES.get(a.dtype, 0)
             if code == 0:
                 raise InvalidType(f"scatter: dtype {a.dtype} is not one a group moves: numeric, bool, float16 "
@@ -641,6 +669,7 @@ class Group:
         """A group of some of this group's ranks (in the order given: the
         first is its rank 0), called by those ranks only. Collectives of
         disjoint subgroups run concurrently."""
+        self._handle()  # a closed group, or a forked child's copy, has no subgroups
         try:
             members = tuple(_int(r, "new_group: ranks") for r in ranks)
         except TypeError:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .command import machine
+from .ddp import BATCH, LAYERS, compare_ddp
 from .collective_peers import (ITEM, OPS, _plan, expect, run_gloo, run_mpi, run_spawned_ranks, summarize,
                                time_calls)
 
@@ -189,11 +190,21 @@ def run_command(args: Any) -> int:
             results = json.load(saved)
     else:
         results = compare(args.world_size, smoke=args.smoke)
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            print("skipped the DDP step: torch is not installed")
+        else:
+            results["ddp"] = compare_ddp(args.world_size, smoke=args.smoke)
         results["machine"] = machine()
         results["date"] = time.strftime("%Y-%m-%d")
     print(f"collectives, {results['world_size']} ranks, float32, median (p99) per call"
           + (" (smoke run: the figures mean nothing)" if results.get("smoke") else ""))
     print(markdown(results))
+    if results.get("ddp"):
+        d = results["ddp"]
+        print(f"DDP step, MLP {'-'.join(map(str, LAYERS))}, batch {BATCH}: shmrdv {_time(d['shmrdv']['median_us'])}, "
+              f"gloo {_time(d['gloo']['median_us'])}: {d['ratio']:.2f}x faster (goal >= 3x)")
     if results["world_size"] == 2:
         for g in goals(results):
             ratio = "–" if g["ratio"] is None else f"{g['ratio']:.2f}×"
