@@ -598,6 +598,19 @@ def test_allreduce_64_mib():
     run_and_check(2, cases, timeout=150)
 
 
+def _one_gib_allreduce(g: shmrdv.Group) -> Any:
+    n = (1 << 30) // 4
+    a = np.full(n, g.rank + 1, np.float32)  # sums are exact: every element is 1 + 2
+    g.allreduce(a, out=a)
+    return (int(np.count_nonzero(a != 3.0)), float(a[0]), float(a[-1]))
+
+
+def test_allreduce_of_1_gib_through_its_2_mib_workspace():
+    """The real size: 1 GiB per rank, in place, through two 1 MiB buffers per
+    rank (1025 phases), every element right on both ranks."""
+    assert run_group(2, _one_gib_allreduce, timeout=110) == [(0, 3.0, 3.0)] * 2
+
+
 @pytest.mark.parametrize("W", [2, 3, 4])
 def test_large_messages_through_a_small_workspace(W):
     """Group(_slot_bytes=4096): a 4 KiB buffer per rank, so a 24 MiB
