@@ -17,6 +17,7 @@
  * either its own slot (read by nobody once it is lost) or the one CAS. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -167,6 +168,7 @@ static rdv_group_t *new_handle(uint8_t *base, uint64_t len, int lock_fd, uint32_
      * so spin only as long as a wake-up takes to start. */
     g->spin_max_ns = world > rdv_cpus() ? SPIN_MIN_NS : SPIN_MAX_NS;
     g->spin_ns = g->spin_max_ns < SPIN_START_NS ? g->spin_max_ns : SPIN_START_NS;
+    g->timeout_ns = -1; /* none, until rdv_coll_set_timeout */
     pthread_mutex_init(&g->abort_lock, NULL);
     return g;
 }
@@ -694,6 +696,28 @@ static int differs(rdv_group_t *g, uint32_t P, struct rdv_coll_status *st) {
     return -1;
 }
 
+/* A rank that gives up mid-call has published some of the call's phases
+ * and not the rest: the others would wait for it, or read buffers it goes
+ * on to rewrite. So a timeout aborts the group, saying who was missing. */
+static void abort_timed_out(rdv_group_t *g, uint64_t missing) {
+    static const char *const kinds[] = {"", "barrier", "allreduce", "broadcast", "allgather", "reduce_scatter",
+                                        "reduce", "gather", "scatter", "alltoall", "scatter"};
+    char reason[RDV_REASON_MAX];
+    size_t cap = sizeof reason - 48, n = 0; /* room for the tail */
+    n += (size_t)snprintf(reason, cap, "rank %u gave up on a %s after %.3g s: ranks [", g->rank,
+                          g->c.kind < sizeof kinds / sizeof *kinds ? kinds[g->c.kind] : "collective",
+                          (double)g->timeout_ns / 1e9);
+    const char *sep = "";
+    for (uint32_t r = 0; r < g->world && n < cap; r++)
+        if (missing >> r & 1) {
+            n += (size_t)snprintf(reason + n, cap - n, "%s%u", sep, r);
+            sep = ", ";
+        }
+    n = n < cap ? n : cap;
+    n += (size_t)snprintf(reason + n, sizeof reason - n, "] had not arrived");
+    rdv_coll_abort(g, reason, (uint32_t)(n < sizeof reason ? n : sizeof reason - 1));
+}
+
 static void end_call(rdv_group_t *g) {
     /* release, process-local: our work on the call before the next thread's */
     smp_store_release(&g->busy, 0);
@@ -712,6 +736,8 @@ static int advance(rdv_group_t *g, struct rdv_coll_status *st) {
         int rc = wait_all(g, P, st);
         if (rc == -EINPROGRESS)
             return rc;
+        if (rc == -ETIMEDOUT)
+            abort_timed_out(g, st->missing); /* half a call done: nobody may go on */
         if (rc < 0) {
             end_call(g); /* the group is broken; nothing to resume */
             return rc;

@@ -311,7 +311,9 @@ int rdv_coll_creator_alive(int fd, uint32_t *pid);
  * the wait (50 ms at most) ended first: call again (rdv_coll_status's
  * missing: who has not joined). Other returns as rdv_coll_run's. */
 int rdv_coll_wait_joined(rdv_group_t *g, int64_t timeout_ns);
-/* The timeout of every later call of this handle (< 0: none). */
+/* The timeout of every later call of this handle (< 0: none, the default).
+ * A call that times out aborts the group (naming the ranks it waited for):
+ * it has published part of its phases, so no rank may go on. */
 void rdv_coll_set_timeout(rdv_group_t *g, int64_t timeout_ns);
 /* Run a collective. what: kind | op << 8 | dtype << 16 | root << 32 (op
  * for reductions, on elements of dtype; root for rooted kinds). nbytes:
