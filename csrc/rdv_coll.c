@@ -44,7 +44,7 @@ struct rdv_group {
     uint32_t rank;
     uint32_t world;
     uint64_t slot;
-    int inert;           /* closed for calls: left, or a forked child's copy */
+    int inert;           /* closed for calls: left, or a forked child's copy (READ_ONCE: threads) */
     int64_t timeout_ns;  /* of each call */
     struct rdv_coll_status st; /* why the last call failed */
     int64_t spin_ns;     /* process-local hint */
@@ -53,6 +53,7 @@ struct rdv_group {
     pthread_mutex_t abort_lock; /* one writer of our reason area at a time */
     /* the call in progress */
     uint32_t busy;       /* a call runs (or waits to be resumed): process-local, atomic */
+    pthread_t owner;     /* the thread whose call it is, while busy */
     struct rdv_coll_call c;
     uint32_t isz;        /* bytes per element the kind splits at */
     uint64_t region;     /* bytes of a buffer each peer's share may use */
@@ -123,7 +124,7 @@ static int broken_status(rdv_group_t *g, uint32_t state, struct rdv_coll_status 
 }
 
 static int check_state(rdv_group_t *g, struct rdv_coll_status *st) {
-    if (g->inert)
+    if (READ_ONCE(g->inert)) /* relaxed: set by rdv_coll_leave, maybe in another thread */
         return -EBADF;
     /* acquire: pairs with the release CAS in set_broken */
     uint32_t state = smp_load_acquire(&g->hdr->state);
@@ -328,8 +329,11 @@ int rdv_coll_wait_joined(rdv_group_t *g, int64_t timeout_ns) {
         if (seen >= g->world)
             return 0;
         for (uint32_t r = 0; r < g->world; r++)
-            /* relaxed: a joined slot's state; whether its lock is held decides */
-            if (READ_ONCE(g->ranks[r].state) != RDV_COLL_RANK_FREE && lost(g, r)) {
+            /* relaxed: a joined slot's state; whether its lock is held decides.
+             * Joined re-read after: a group that completed meanwhile is whole
+             * (a rank that closed since is found by the next call). */
+            if (READ_ONCE(g->ranks[r].state) != RDV_COLL_RANK_FREE && lost(g, r) &&
+                smp_load_acquire(&g->hdr->joined) < g->world) {
                 declare_lost(g, r);
                 return check_state(g, st);
             }
@@ -665,7 +669,9 @@ static int wait_all(rdv_group_t *g, uint32_t P, struct rdv_coll_status *st) {
         }
         /* woken, or the slice ran out: is anyone we wait for gone? */
         for (uint32_t r = 0; r < g->world; r++)
-            if (r != g->rank && behind(g, r, target) && lost(g, r)) {
+            /* behind again after lost: a rank that arrived, finished and
+             * closed between the first look and the lock query took part */
+            if (r != g->rank && behind(g, r, target) && lost(g, r) && behind(g, r, target)) {
                 declare_lost(g, r);
                 return check_state(g, st);
             }
@@ -765,6 +771,7 @@ static int run(rdv_group_t *g, uint64_t what, uint64_t nbytes, uint64_t shape_ha
     /* acquire, process-local: one call per handle at a time; pairs with end_call */
     if (rdv_exchange(&g->busy, 1, __ATOMIC_ACQUIRE))
         return -EALREADY;
+    g->owner = pthread_self();
     struct rdv_coll_call *c = &g->c;
     c->kind = what & 0xff;
     c->op = what >> 8 & 0xff;
@@ -801,6 +808,11 @@ int rdv_coll_resume(rdv_group_t *g) {
 }
 
 void rdv_coll_status(rdv_group_t *g, struct rdv_coll_status *out) { *out = g->st; }
+
+int rdv_coll_mine(rdv_group_t *g) {
+    /* acquire, process-local: pairs with run's exchange, so owner is ours to read */
+    return smp_load_acquire(&g->busy) && pthread_equal(g->owner, pthread_self());
+}
 
 void rdv_coll_set_timeout(rdv_group_t *g, int64_t timeout_ns) { g->timeout_ns = timeout_ns; }
 
@@ -846,7 +858,7 @@ uint32_t rdv_coll_pid(rdv_group_t *g, uint32_t rank) {
 void rdv_coll_leave(rdv_group_t *g) {
     if (g->inert)
         return;
-    g->inert = 1;
+    WRITE_ONCE(g->inert, 1);
     /* release: others that find our lock free read CLOSED (declare_lost) */
     smp_store_release(&g->ranks[g->rank].state, RDV_COLL_RANK_CLOSED);
     /* The byte only: the description stays open until rdv_coll_free, as a
@@ -869,5 +881,5 @@ void rdv_coll_forget(rdv_group_t *g) {
     if (g->lock_fd >= 0)
         rdv_close_fd(g->lock_fd); /* our copy of the description: the parent keeps its own */
     g->lock_fd = -1;
-    g->inert = 1;
+    WRITE_ONCE(g->inert, 1);
 }

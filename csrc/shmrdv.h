@@ -331,6 +331,10 @@ int rdv_coll_run(rdv_group_t *g, uint64_t what, uint64_t nbytes, uint64_t shape_
 int rdv_coll_barrier(rdv_group_t *g);
 int rdv_coll_resume(rdv_group_t *g);
 void rdv_coll_status(rdv_group_t *g, struct rdv_coll_status *out);
+/* Whether the calling thread has a call running (or waiting to be resumed)
+ * on this handle: a caller interrupted mid-call (Ctrl-C) aborts the group
+ * only then. */
+int rdv_coll_mine(rdv_group_t *g);
 /* Abort the group: every member's pending and later calls fail with
  * -ECONNABORTED. The first reason wins. */
 int rdv_coll_abort(rdv_group_t *g, const char *reason, uint32_t reason_len);

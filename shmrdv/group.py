@@ -125,6 +125,12 @@ def _shape_hash(shape: Tuple[int, ...], dtype: np.dtype) -> int:
     return h if dtype in _DTYPES else h ^ zlib.crc32(dtype.str.encode())
 
 
+def _same_memory(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether x and y are views of exactly the same bytes."""
+    return (x.__array_interface__["data"][0] == y.__array_interface__["data"][0] and x.shape == y.shape
+            and x.strides == y.strides and x.dtype == y.dtype)
+
+
 def _int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidType(f"{what} must be an int, got {type(value).__name__}")
@@ -162,6 +168,7 @@ class Group:
         self._path = GROUP_PREFIX + self._name
         self._unlinked = False
         self._ino = 0
+        self._opened: Any = None  # a handle just opened, until _join keeps it
         self._join(_slot_bytes)
         _open_groups.add(self)
 
@@ -183,16 +190,14 @@ class Group:
             time.sleep(pause)
             pause = min(2 * pause, 0.05)
         self._ino = fd_ino
+        # freed once no call holds it (close only leaves), or at once by an exception
+        self._g, self._opened = self._opened, None
         try:
-            self._g = ffi.gc(out[0], lib.rdv_coll_free)  # freed once no call holds it (close only leaves)
             lib.rdv_coll_set_timeout(self._g, self._timeout_ns)
             if last[0]:
                 self._unlink()
             self._wait_joined(deadline)
         except BaseException:
-            if self._g is None:
-                lib.rdv_coll_free(out[0])
-                self._unlink()
             self._close_handle()
             raise
 
@@ -208,6 +213,8 @@ class Group:
             try:
                 ino = os.fstat(shm.fd).st_ino
                 rc = lib.rdv_coll_open(shm.fd, 1, self._world, 0, slot_bytes, out, last)
+                if rc == 0:  # owned at once: an exception from here on frees it (lock, mapping)
+                    self._opened = ffi.gc(out[0], lib.rdv_coll_free)
             finally:
                 shm.close_fd()
             if rc < 0:
@@ -225,10 +232,11 @@ class Group:
             rc = lib.rdv_coll_open(shm.fd, 0, self._world, self._rank, slot_bytes, out, last)
             pid = ffi.new("uint32_t *")
             if rc == 0:
+                self._opened = ffi.gc(out[0], lib.rdv_coll_free)  # an exception from here on frees it
                 if lib.rdv_coll_creator_alive(shm.fd, pid):
                     return 0, st.st_ino
                 # joined a segment whose rank 0 is gone: a killed job's, not ours
-                lib.rdv_coll_free(out[0])
+                self._opened = None
                 self._unlink_if(st.st_ino)
                 return -errno.EAGAIN, 0
             if rc == -errno.EAGAIN:
@@ -373,24 +381,33 @@ class Group:
         g = self._g
         if g is None or self._forked:
             g = self._handle()  # raises, saying why
-        rc = lib.rdv_coll_run(g, kind | op << 8 | dtype << 16 | root << 32, nbytes, shash, src, dst)
-        if rc:
-            self._finish(g, rc, kind | op << 8 | dtype << 16 | root << 32, nbytes)
+        what = kind | op << 8 | dtype << 16 | root << 32
+        try:
+            rc = lib.rdv_coll_run(g, what, nbytes, shash, src, dst)
+            if rc:
+                self._finish(g, rc, what, nbytes)
+        except BaseException as exc:
+            self._interrupted(g, exc, what)
+            raise
 
     def _finish(self, g: Any, rc: int, what: int, nbytes: int) -> None:
         """A call that did not complete at once: wait on (in slices, between
         which signal handlers run), or raise what went wrong."""
         kind = _KINDS.get(what & 0xFF, "collective")
-        try:
-            while rc == _EINPROGRESS:
-                rc = lib.rdv_coll_resume(g)
-        except BaseException as exc:  # Ctrl-C mid-call: the others must not wait for us
-            lib.rdv_coll_abort(g, *self._reason(f"rank {self._rank} was interrupted ({type(exc).__name__}) in {kind}"))
-            raise
+        while rc == _EINPROGRESS:  # signal handlers run between the slices
+            rc = lib.rdv_coll_resume(g)
         if rc < 0:
             self._last = (what & 0xFF, what >> 8 & 0xFF, what >> 16 & 0xFF, what >> 32, nbytes)
             lib.rdv_coll_status(g, self._status)
             self._raise(g, rc, kind)
+
+    def _interrupted(self, g: Any, exc: BaseException, what: int) -> None:
+        """An exception (Ctrl-C, another signal's handler) left a call of this
+        thread half done: abort the group, as the others must not wait for
+        us nor read what we would have rewritten."""
+        if not isinstance(exc, RendezvousError) and lib.rdv_coll_mine(g):
+            kind = _KINDS.get(what & 0xFF, "collective")
+            lib.rdv_coll_abort(g, *self._reason(f"rank {self._rank} was interrupted ({type(exc).__name__}) in {kind}"))
 
     @staticmethod
     def _reason(text: str) -> Tuple[bytes, int]:
@@ -511,9 +528,13 @@ class Group:
         g = self._g
         if g is None or self._forked:
             g = self._handle()
-        rc = lib.rdv_coll_barrier(g)
-        if rc:
-            self._finish(g, rc, _BARRIER, 0)
+        try:
+            rc = lib.rdv_coll_barrier(g)
+            if rc:
+                self._finish(g, rc, _BARRIER, 0)
+        except BaseException as exc:
+            self._interrupted(g, exc, _BARRIER)
+            raise
 
     def allreduce(self, array: Any, op: str = "sum", *, out: Any = None) -> Any:
         """The element-wise reduction of every rank's array, on every rank
@@ -538,9 +559,13 @@ class Group:
             except ValueError:
                 pass
             else:
-                rc = lib.rdv_coll_run(g, what, array.nbytes, hash(array.shape) & _HASH_MASK, src, dst)
-                if rc:
-                    self._finish(g, rc, what, array.nbytes)
+                try:
+                    rc = lib.rdv_coll_run(g, what, array.nbytes, hash(array.shape) & _HASH_MASK, src, dst)
+                    if rc:
+                        self._finish(g, rc, what, array.nbytes)
+                except BaseException as exc:
+                    self._interrupted(g, exc, what)
+                    raise
                 return res
         return self._allreduce(g, array, op, out)
 
@@ -557,13 +582,20 @@ class Group:
             res, out_obj = a, out
         else:
             res, out_obj, fill = self._out(out, a, "allreduce")
-            if res is not a and np.may_share_memory(res, a):  # overlapping, not the same: reduce from a copy
-                a = a.copy()
+            if res is not a and np.may_share_memory(res, a):
+                if _same_memory(res, a):  # two views of it (a tensor's and ours): in place
+                    res = a
+                else:  # overlapping, not the same: reduce from a copy
+                    a = a.copy()
         src = ffi.from_buffer(a)
-        rc = lib.rdv_coll_run(g, what, a.nbytes, hash(a.shape) & _HASH_MASK, src,
-                              src if res is a else ffi.from_buffer(res))
-        if rc:
-            self._finish(g, rc, what, a.nbytes)
+        try:
+            rc = lib.rdv_coll_run(g, what, a.nbytes, hash(a.shape) & _HASH_MASK, src,
+                                  src if res is a else ffi.from_buffer(res))
+            if rc:
+                self._finish(g, rc, what, a.nbytes)
+        except BaseException as exc:
+            self._interrupted(g, exc, what)
+            raise
         return res if out_obj is None and not tensor else self._result(res, tensor, out_obj, fill)
 
     def reduce(self, array: Any, root: int = 0, op: str = "sum") -> Any:

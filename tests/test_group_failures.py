@@ -76,12 +76,13 @@ def _fd_count() -> int:
 @pytest.fixture(autouse=True)
 def no_leaks():
     fds = _fd_count()
+    before = set(_children())  # e.g. multiprocessing's resource tracker, started by an earlier module
     yield
     try:
         deadline = time.monotonic() + 5
-        while (_children() or any(map(_alive, _tracked_pids))) and time.monotonic() < deadline:
+        while (set(_children()) - before or any(map(_alive, _tracked_pids))) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not _children(), f"child processes left: {_children()}"
+        assert not set(_children()) - before, f"child processes left: {sorted(set(_children()) - before)}"
         assert not [p for p in _tracked_pids if _alive(p)], f"processes left: {_tracked_pids}"
         assert shm_entries() == [], f"left in /dev/shm: {shm_entries()}"
         assert _fd_count() == fds, f"the parent had {fds} fds before the test, {_fd_count()} after"

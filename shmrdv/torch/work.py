@@ -29,8 +29,9 @@ class Work(dist.Work):
     plain Python Future and read from C++ brings the process down, while
     one raised by a continuation reaches C++ as an ordinary exception."""
 
-    def __init__(self) -> None:
+    def __init__(self, worker: Optional["Worker"] = None) -> None:
         super().__init__()
+        self._worker = worker
         self._done = threading.Event()
         self._value: List[torch.Tensor] = []
         self._error: Optional[BaseException] = None
@@ -51,6 +52,10 @@ class Work(dist.Work):
         """Block until the collective is done (at most timeout, when it is
         not zero); raise its error."""
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout or 0)
+        if self._worker is not None and self._worker.is_current():
+            # waited on inside a callback the worker runs (a comm hook's
+            # .then): nobody else would run what is queued before us
+            self._worker.run_until(self)
         if not self._done.wait(seconds if seconds > 0 else None):
             raise RendezvousTimeout(f"the collective did not complete within {seconds} s")
         if self._error is not None:
@@ -95,9 +100,44 @@ class Worker:
         """Queue run(); its Work's value is ``value`` once run() returns."""
         if self._closed:
             raise RendezvousError("the process group is shut down")
-        work = Work()
-        self._queue.put((run, value, work))
+        work = Work(self)
+        if self.is_current():
+            # issued by a completion callback (a comm hook's .then), which
+            # runs on this thread right after the call before it: run it now,
+            # at that same place in the order on every rank, since the
+            # callback may wait for it and nothing else would run it
+            self._run(run, value, work)
+        else:
+            self._queue.put((run, value, work))
         return work
+
+    def is_current(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def run_until(self, work: Work) -> None:
+        """On the worker itself: run queued calls until work is done (it is
+        queued behind them); they are next in call order anyway."""
+        while not work.is_completed():
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                raise RendezvousError("a collective waited on itself from its own completion callback") from None
+            if item is None:  # shut down: leave the marker for the loop
+                self._queue.put(None)
+                raise RendezvousError("the process group is shut down")
+            self._run(*item)
+
+    def _run(self, run: Callable[[], None], value: List[torch.Tensor], work: Work) -> None:
+        try:
+            run()
+        except BaseException as exc:  # every error is the caller's to see, in wait()
+            try:
+                self._on_error(exc)
+            except Exception:  # telling the peers is best effort: the caller's error comes first
+                pass
+            work._fail(exc)
+        else:
+            work._finish(value)
 
     def _loop(self) -> None:
         torch.set_grad_enabled(False)  # results are written in place, also into tensors that require grad
@@ -105,17 +145,7 @@ class Worker:
             item = self._queue.get()
             if item is None:
                 return
-            run, value, work = item
-            try:
-                run()
-            except BaseException as exc:  # every error is the caller's to see, in wait()
-                try:
-                    self._on_error(exc)
-                except Exception:  # telling the peers is best effort: the caller's error comes first
-                    pass
-                work._fail(exc)
-            else:
-                work._finish(value)
+            self._run(*item)
 
     @property
     def running(self) -> bool:
