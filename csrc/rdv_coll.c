@@ -380,6 +380,11 @@ static int plan(rdv_group_t *g) {
         if (!rdv_reduce_valid(c->dtype, c->op))
             return -EINVAL;
         g->isz = rdv_dtype_size(c->dtype);
+        /* the kernels load and store whole elements: misaligned ones would
+         * fault in vector loops (the caller copies into aligned memory) */
+        uintptr_t lane = g->isz > 8 ? 8 : g->isz;
+        if (((uintptr_t)c->src | (uintptr_t)c->dst) & (lane - 1))
+            return -EFAULT;
         if (c->nbytes % g->isz || (c->kind == RDV_COLL_REDUCE_SCATTER && c->nbytes % ((uint64_t)W * g->isz)))
             return -EINVAL;
     }

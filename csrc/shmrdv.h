@@ -323,8 +323,9 @@ void rdv_coll_set_timeout(rdv_group_t *g, int64_t timeout_ns);
  * every rank must agree on besides the rest (the shape). 0 when done;
  * -EINPROGRESS when a slice of a wait ended first (call rdv_coll_resume,
  * which continues the same call); -EBADE mismatch, -EPIPE a rank is gone,
- * -ETIMEDOUT, -ECONNABORTED aborted, -EINVAL bad arguments (nothing
- * started), -EALREADY another thread's call on this handle is running.
+ * -ETIMEDOUT, -ECONNABORTED aborted, -EINVAL bad arguments and -EFAULT
+ * a reduction's src or dst not aligned to its elements (nothing started),
+ * -EALREADY another thread's call on this handle is running.
  * rdv_coll_status then says why. rdv_coll_barrier is the barrier's call. */
 int rdv_coll_run(rdv_group_t *g, uint64_t what, uint64_t nbytes, uint64_t shape_hash, const void *src,
                  void *dst);

@@ -34,7 +34,7 @@ from .errors import (
     SegmentMismatch,
 )
 from .rendezvous import check_owner, checked_name
-from .tensors import BFLOAT16, as_array, as_tensor
+from .tensors import as_array, as_tensor, bfloat16
 
 GROUP_PREFIX = "/shmrdv.group-"
 """A group NAME's segment is the POSIX shm object ``/shmrdv.group-NAME``, while it is joining."""
@@ -58,13 +58,31 @@ _DTYPES: Dict[np.dtype, int] = {
     np.dtype(np.float16): lib.RDV_DT_F16, np.dtype(np.float32): lib.RDV_DT_F32, np.dtype(np.float64): lib.RDV_DT_F64,
     np.dtype(np.complex64): lib.RDV_DT_C64, np.dtype(np.complex128): lib.RDV_DT_C128,
 }
-if BFLOAT16 is not None:
-    _DTYPES[BFLOAT16] = lib.RDV_DT_BF16
 _DTYPE_NAMES = {v: str(k) for k, v in _DTYPES.items()}
+_DTYPE_NAMES[lib.RDV_DT_BF16] = "bfloat16"
+
+
+def _code(dtype: np.dtype) -> int:
+    """The core's code for dtype, 0 for one it does not compute on. bfloat16
+    joins the table the first time one is seen (ml_dtypes is then imported)."""
+    code = _DTYPES.get(dtype)
+    if code is None:
+        bf16 = bfloat16(load=False) if dtype.name == "bfloat16" else None
+        if bf16 is None or dtype != bf16:
+            return 0
+        code = _DTYPES[dtype] = lib.RDV_DT_BF16
+    return code
+
+
+def _dtype_of(code: int) -> Optional[np.dtype]:
+    if code == lib.RDV_DT_BF16:
+        return bfloat16()
+    return next((d for d, c in _DTYPES.items() if c == code), None)
 _INTEGRAL = "biu"  # numpy kinds the bitwise ops take
 _META_DIMS = 3 + limits.NDIM_MAX  # scatter's header: dtype code, ndim, shape, whether a tensor
 _CREATOR_GRACE_S = 1.0  # as a rendezvous: an unlocked, uninitialised segment younger than this may be starting
 _EINPROGRESS = -errno.EINPROGRESS
+_EFAULT = -errno.EFAULT
 _ALLREDUCE, _BARRIER, _NULL = lib.RDV_COLL_ALLREDUCE, lib.RDV_COLL_BARRIER, ffi.NULL  # the short paths' constants
 _open_groups: "weakref.WeakSet[Group]" = weakref.WeakSet()
 _HASH_MASK = (1 << 63) - 1
@@ -122,7 +140,7 @@ def _shape_hash(shape: Tuple[int, ...], dtype: np.dtype) -> int:
     process: only str and bytes hashes are salted), and the dtype itself
     when it has no code (allreduce's short path computes the same)."""
     h = hash(shape) & _HASH_MASK
-    return h if dtype in _DTYPES else h ^ zlib.crc32(dtype.str.encode())
+    return h if _code(dtype) else h ^ zlib.crc32(dtype.str.encode())
 
 
 def _same_memory(x: np.ndarray, y: np.ndarray) -> bool:
@@ -456,8 +474,8 @@ class Group:
         array, tensor = as_array(obj, what)
         if array.dtype.hasobject:
             raise InvalidType(f"{what}: dtype {array.dtype} holds Python objects, which cannot be shared")
-        if not array.flags.c_contiguous:
-            array = np.ascontiguousarray(array)
+        if not array.flags.c_contiguous or not array.flags.aligned:
+            array = np.ascontiguousarray(array) if array.flags.aligned else array.copy()
         return array, tensor
 
     def _reduction(self, array: np.ndarray, op: object, what: str) -> Tuple[int, int]:
@@ -472,8 +490,8 @@ class Group:
         code = OPS.get(op) if isinstance(op, str) else None
         if code is None:
             raise InvalidArgument(f"{what}: op must be one of {', '.join(map(repr, OPS))}, got {op!r}")
-        dt = _DTYPES.get(array.dtype)
-        if dt is None:
+        dt = _code(array.dtype)
+        if not dt:
             raise InvalidType(f"{what}: cannot reduce dtype {array.dtype}: numeric, bool, float16 and bfloat16 "
                               f"arrays only (native byte order)")
         kind = array.dtype.kind
@@ -504,7 +522,7 @@ class Group:
                                   f"{like.shape} and {like.dtype}")
         if not array.flags.writeable:
             raise InvalidArgument(f"{what}: out is read-only")
-        if not array.flags.c_contiguous:
+        if not array.flags.c_contiguous or not array.flags.aligned:
             return np.empty_like(like), out, array
         return array, out, None
 
@@ -561,6 +579,8 @@ class Group:
             else:
                 try:
                     rc = lib.rdv_coll_run(g, what, array.nbytes, hash(array.shape) & _HASH_MASK, src, dst)
+                    if rc == _EFAULT:  # misaligned: through aligned copies, below
+                        return self._allreduce(g, array, op, out)
                     if rc:
                         self._finish(g, rc, what, array.nbytes)
                 except BaseException as exc:
@@ -632,7 +652,7 @@ class Group:
             res, out_obj = a, array if tensor else None
         else:
             res, out_obj, fill = self._out(out, a, "broadcast")
-        self._run(lib.RDV_COLL_BROADCAST, 0, _DTYPES.get(a.dtype, 0), root, a.nbytes, _shape_hash(a.shape, a.dtype),
+        self._run(lib.RDV_COLL_BROADCAST, 0, _code(a.dtype), root, a.nbytes, _shape_hash(a.shape, a.dtype),
                   ffi.from_buffer(a), ffi.from_buffer(res, require_writable=res is not a))
         return self._result(res, tensor, out_obj, fill)
 
@@ -640,7 +660,7 @@ class Group:
         """Every rank's array, stacked: shape (world_size, *array.shape), row r from rank r."""
         a, tensor = self._input(array, "allgather")
         res = np.empty((self._world,) + a.shape, a.dtype)
-        self._run(lib.RDV_COLL_ALLGATHER, 0, _DTYPES.get(a.dtype, 0), 0, a.nbytes, _shape_hash(a.shape, a.dtype),
+        self._run(lib.RDV_COLL_ALLGATHER, 0, _code(a.dtype), 0, a.nbytes, _shape_hash(a.shape, a.dtype),
                   ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
         return self._result(res, tensor)
 
@@ -649,7 +669,7 @@ class Group:
         a, tensor = self._input(array, "gather")
         root = self._root(root, "gather")
         res = np.empty((self._world,) + a.shape, a.dtype) if self._rank == root else None
-        self._run(lib.RDV_COLL_GATHER, 0, _DTYPES.get(a.dtype, 0), root, a.nbytes, _shape_hash(a.shape, a.dtype),
+        self._run(lib.RDV_COLL_GATHER, 0, _code(a.dtype), root, a.nbytes, _shape_hash(a.shape, a.dtype),
                   ffi.from_buffer(a), ffi.NULL if res is None else ffi.from_buffer(res, require_writable=True))
         return None if res is None else self._result(res, tensor)
 
@@ -666,7 +686,7 @@ class Group:
             if a.ndim - 1 > limits.NDIM_MAX - 1:
                 raise InvalidArgument(f"scatter: rows of {a.ndim - 1} dimensions; at most {limits.NDIM_MAX - 1} "
                                       f"(the array, with its world_size rows, at most {limits.NDIM_MAX})")
-            code = _DTYPES.get(a.dtype, 0)
+            code = _code(a.dtype)
             if code == 0:
                 raise InvalidType(f"scatter: dtype {a.dtype} is not one a group moves: numeric, bool, float16 "
                                   f"and bfloat16 arrays")
@@ -676,14 +696,14 @@ class Group:
                   ffi.from_buffer(meta, require_writable=True))
         dtype, shape, tensor = self._scattered(meta)
         res = np.empty(shape, dtype)
-        self._run(lib.RDV_COLL_SCATTER, 0, _DTYPES[dtype], root, res.nbytes, _shape_hash(shape, dtype),
+        self._run(lib.RDV_COLL_SCATTER, 0, _code(dtype), root, res.nbytes, _shape_hash(shape, dtype),
                   ffi.NULL if a is None else ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
         return self._result(res, tensor)
 
     def _scattered(self, meta: np.ndarray) -> Tuple[np.dtype, Tuple[int, ...], bool]:
         """What the root's scatter header says (read from shared memory: checked)."""
         code, ndim = int(meta[0]), int(meta[1])
-        dtype = next((d for d, c in _DTYPES.items() if c == code), None)
+        dtype = _dtype_of(code)
         if dtype is None or not 0 <= ndim <= limits.NDIM_MAX - 1 or (meta[2 : 2 + ndim] < 0).any():
             raise SegmentMismatch(f"scatter on group {self._name!r}: the root's header is damaged")
         return dtype, tuple(int(n) for n in meta[2 : 2 + ndim]), bool(meta[-1])
@@ -693,7 +713,7 @@ class Group:
         a, tensor = self._input(array, "alltoall")
         self._rows(a, "alltoall")
         res = np.empty_like(a)
-        self._run(lib.RDV_COLL_ALLTOALL, 0, _DTYPES.get(a.dtype, 0), 0, a.nbytes // self._world,
+        self._run(lib.RDV_COLL_ALLTOALL, 0, _code(a.dtype), 0, a.nbytes // self._world,
                   _shape_hash(a.shape, a.dtype), ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
         return self._result(res, tensor)
 

@@ -1,7 +1,7 @@
 """CPU torch tensors as numpy arrays and back, sharing memory, for the APIs
 that take either. torch is optional: nothing here imports it unless it is
 handed a tensor (then torch is loaded already), and bfloat16 comes from
-``ml_dtypes`` when that is installed."""
+``ml_dtypes`` when that is installed, imported only once needed."""
 import sys
 from typing import Any, Optional, Tuple
 
@@ -9,13 +9,22 @@ import numpy as np
 
 from .errors import InvalidType
 
-try:
-    from ml_dtypes import bfloat16 as _bf16_type
+_bfloat16: Optional[np.dtype] = None
 
-    BFLOAT16: Optional[np.dtype] = np.dtype(_bf16_type)
-    """numpy's bfloat16 (from ml_dtypes), or None when ml_dtypes is missing."""
-except ImportError:  # pragma: no cover - ml_dtypes is a dependency of the torch extra
-    BFLOAT16 = None
+
+def bfloat16(load: bool = True) -> Optional[np.dtype]:
+    """numpy's bfloat16 (ml_dtypes'), or None when ml_dtypes is missing; with
+    load False, None unless ml_dtypes is imported already. ml_dtypes takes
+    about a second to import, so nothing imports it before it is needed: an
+    array of bfloat16 means its caller imported it."""
+    global _bfloat16
+    if _bfloat16 is None and (load or "ml_dtypes" in sys.modules):
+        try:
+            from ml_dtypes import bfloat16 as bf16
+        except ImportError:
+            return None
+        _bfloat16 = np.dtype(bf16)
+    return _bfloat16
 
 
 def is_tensor(obj: object) -> bool:
@@ -43,9 +52,10 @@ def as_array(obj: Any, what: str) -> Tuple[np.ndarray, bool]:
         if t.device.type != "cpu":
             raise InvalidType(f"{what}: a {t.device.type} tensor; shmrdv moves CPU tensors: call .cpu() first")
         if t.dtype == torch.bfloat16:
-            if BFLOAT16 is None:
+            bf16 = bfloat16()
+            if bf16 is None:
                 raise InvalidType(f"{what}: bfloat16 tensors need ml_dtypes (pip install ml_dtypes)")
-            return t.view(torch.int16).numpy().view(BFLOAT16), True
+            return t.view(torch.int16).numpy().view(bf16), True
         try:
             return t.numpy(), True
         except (TypeError, RuntimeError) as exc:
@@ -62,6 +72,7 @@ def as_array(obj: Any, what: str) -> Tuple[np.ndarray, bool]:
 def as_tensor(array: np.ndarray) -> Any:
     """A torch tensor sharing array's memory (bfloat16 included)."""
     torch = _torch()
-    if BFLOAT16 is not None and array.dtype == BFLOAT16:
+    bf16 = bfloat16(load=False)
+    if bf16 is not None and array.dtype == bf16:
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
