@@ -44,13 +44,13 @@ import tempfile
 import time
 import traceback
 from multiprocessing.connection import wait
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..segments import human_bytes
 from .cleanup import alive, descendants, stop_processes
-from .processes import BenchmarkFailed
+from .processes import SINGLE_THREADED_MATH, BenchmarkFailed, environment
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -83,7 +83,6 @@ SMOKE_MAX_BYTES = 64 * KiB
 TIMEOUT_S = 180.0
 # Without these, numpy's OpenBLAS and torch's OpenMP start threads that spin
 # on the CPU the rank is pinned to.
-_SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 _MARK = "collective_peers"
 
 
@@ -159,23 +158,26 @@ def summarize(per_rank_ns: Sequence[Sequence[int]], nbytes: int) -> Dict[str, An
             "iters": int(worst.size), "nbytes": nbytes}
 
 
+def run_rank(results: Any, what: str, cpu: Optional[int], lifetime_s: int, body: Callable[[], Dict[str, Any]]) -> None:
+    """The frame of every measuring rank process: an alarm that ends it
+    after lifetime_s whatever happens, pinned to cpu (before anything starts
+    threads), then body()'s answer, or the error that ended it, sent through
+    results (a Pipe end, closed after)."""
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(lifetime_s)
+    try:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+        results.send(body())
+    except BaseException as error:
+        results.send({"error": f"{what}: {type(error).__name__}: {error}\n{traceback.format_exc()}"})
+        raise
+    finally:
+        results.close()
+
+
 def _cpus() -> List[int]:
     return sorted(os.sched_getaffinity(0))
-
-
-@contextlib.contextmanager
-def _environment(variables: Dict[str, str]) -> Iterator[None]:
-    """Set environment variables for the children started meanwhile, then restore them."""
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _kill_tree(pids: List[int]) -> None:
@@ -267,7 +269,7 @@ def run_mpi(cases: Sequence[Tuple[str, int]] = OPS, world_size: int = 2, pin: bo
     plan = _plan(cases, world_size, iters_for, smoke, MPI_COST)
     spec = json.dumps({"cases": plan, "lifetime_s": int(timeout_s) + 5})
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, **_SINGLE_THREADED)
+    env = dict(os.environ, **SINGLE_THREADED_MATH)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     _sweep_stale_scratch(shm)
@@ -347,12 +349,9 @@ def _gloo_case(torch: Any, dist: Any, op: str, nbytes: int, rank: int,
 
 def _gloo_rank(rank: int, size: int, port: int, cpu: Optional[int], plan: List[List[Any]],
                lifetime_s: int, results: Any) -> None:
-    """One gloo rank (spawned): pinned before torch starts its threads, bounded by an alarm."""
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    signal.alarm(lifetime_s)
-    try:
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
+    """One gloo rank (spawned)."""
+
+    def measure() -> Dict[str, Any]:
         from datetime import timedelta
 
         import torch
@@ -369,12 +368,9 @@ def _gloo_rank(rank: int, size: int, port: int, cpu: Optional[int], plan: List[L
                 times[name] = time_calls(call, iters, warmup, dist.barrier)
         finally:
             dist.destroy_process_group()
-        results.send({"times": times})
-    except BaseException as error:
-        results.send({"error": f"rank {rank}: {type(error).__name__}: {error}\n{traceback.format_exc()}"})
-        raise
-    finally:
-        results.close()
+        return {"times": times}
+
+    run_rank(results, f"rank {rank}", cpu, lifetime_s, measure)
 
 
 def run_gloo(cases: Sequence[Tuple[str, int]] = OPS, world_size: int = 2, pin: bool = True,
@@ -392,7 +388,7 @@ def run_gloo(cases: Sequence[Tuple[str, int]] = OPS, world_size: int = 2, pin: b
         return None
     plan = _plan(cases, world_size, iters_for, smoke, GLOO_COST)
     port = _free_port()
-    with _environment(dict(_SINGLE_THREADED, GLOO_SOCKET_IFNAME="lo")):
+    with environment(dict(SINGLE_THREADED_MATH, GLOO_SOCKET_IFNAME="lo")):
         answers = run_spawned_ranks("gloo", _gloo_rank, world_size, pin, timeout_s,
                                     lambda rank, cpu, lifetime_s: (rank, world_size, port, cpu, plan, lifetime_s))
     return {name: summarize([answers[rank]["times"][name] for rank in range(world_size)], nbytes)

@@ -7,17 +7,15 @@ the two CPUs of a small machine, where ranks that sleep while they wait
 should win by more than ranks that spin."""
 import json
 import os
-import signal
 import time
-import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .command import machine
 from .ddp import BATCH, LAYERS, compare_ddp
-from .collective_peers import (ITEM, OPS, _plan, expect, run_gloo, run_mpi, run_spawned_ranks, summarize,
-                               time_calls)
+from .collective_peers import (ITEM, OPS, _plan, expect, run_gloo, run_mpi, run_rank, run_spawned_ranks,
+                               summarize, time_calls)
 
 SHMRDV_COST = (10e-6, 1.0e9)  # (latency s, bytes/s) of a call, pessimistic: iteration counts
 PEERS = ("Open MPI", "gloo")
@@ -73,12 +71,9 @@ def _case(group: Any, op: str, nbytes: int, rank: int, size: int) -> Tuple[Calla
 
 def _shmrdv_rank(rank: int, size: int, name: str, cpu: Optional[int], plan: List[List[Any]], lifetime_s: int,
                  results: Any) -> None:
-    """One shmrdv rank (spawned), bounded by an alarm."""
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    signal.alarm(lifetime_s)
-    try:
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
+    """One shmrdv rank (spawned)."""
+
+    def measure() -> Dict[str, Any]:
         import shmrdv
 
         with shmrdv.Group(name, rank, size, timeout=lifetime_s) as group:
@@ -88,12 +83,9 @@ def _shmrdv_rank(rank: int, size: int, name: str, cpu: Optional[int], plan: List
                 check()
                 times[case] = time_calls(call, iters, warmup, group.barrier)
             group.barrier()
-        results.send({"times": times})
-    except BaseException as error:
-        results.send({"error": f"rank {rank}: {type(error).__name__}: {error}\n{traceback.format_exc()}"})
-        raise
-    finally:
-        results.close()
+        return {"times": times}
+
+    run_rank(results, f"rank {rank}", cpu, lifetime_s, measure)
 
 
 def run_shmrdv(cases: Sequence[Tuple[str, int]] = OPS, world_size: int = 2, pin: bool = True,

@@ -6,12 +6,10 @@ Each rank (spawned, pinned one per CPU when there are enough) trains the
 same model on its own random batches; a step is forward, backward (DDP
 allreduces the gradient buckets while it runs) and an SGD update. The time
 of a step is the slowest rank's, as for the collectives."""
-import os
-import signal
-import traceback
 from typing import Any, Dict, Optional
 
-from .collective_peers import _environment, _free_port, _SINGLE_THREADED, run_spawned_ranks, summarize, time_calls
+from .collective_peers import _free_port, run_rank, run_spawned_ranks, summarize, time_calls
+from .processes import SINGLE_THREADED_MATH, environment
 
 LAYERS = (64, 128, 128, 10)  # about 26 thousand parameters (0.1 MB of gradients): the step is mostly communication
 BATCH = 16
@@ -21,11 +19,7 @@ SMOKE_STEPS = 3
 
 def _rank(backend: str, rank: int, size: int, port: int, steps: int, warmup: int, cpu: Optional[int],
           lifetime_s: int, results: Any) -> None:
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    signal.alarm(lifetime_s)
-    try:
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
+    def measure() -> Dict[str, Any]:
         import torch
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
@@ -51,22 +45,18 @@ def _rank(backend: str, rank: int, size: int, port: int, steps: int, warmup: int
                 loss_fn(model(x), y).backward()
                 optimizer.step()
 
-            times = time_calls(step, steps, warmup, dist.barrier)
+            return {"times": time_calls(step, steps, warmup, dist.barrier)}
         finally:
             dist.destroy_process_group()
-        results.send({"times": times})
-    except BaseException as error:
-        results.send({"error": f"{backend} rank {rank}: {type(error).__name__}: {error}\n{traceback.format_exc()}"})
-        raise
-    finally:
-        results.close()
+
+    run_rank(results, f"{backend} rank {rank}", cpu, lifetime_s, measure)
 
 
 def run_ddp(backend: str, world_size: int = 2, smoke: bool = False, timeout_s: float = 180.0) -> Dict[str, Any]:
     """{"median_us", "p99_us", "iters"} of a DDP step with `backend`."""
     steps, warmup = (SMOKE_STEPS, 1) if smoke else (STEPS, WARMUP)
     port = _free_port()
-    with _environment(dict(_SINGLE_THREADED, GLOO_SOCKET_IFNAME="lo")):
+    with environment(dict(SINGLE_THREADED_MATH, GLOO_SOCKET_IFNAME="lo")):
         answers = run_spawned_ranks(f"ddp-{backend}", _rank, world_size, True, timeout_s,
                                     lambda rank, cpu, lifetime_s: (backend, rank, world_size, port, steps, warmup,
                                                                    cpu, lifetime_s))

@@ -69,11 +69,11 @@ def placement(name: str) -> Placement:
 # Without these, numpy's OpenBLAS starts a worker thread in every child that
 # busy-waits (sched_yield) for a while after import; os.sched_setaffinity pins
 # only the main thread, so that thread would spin on the parent's CPU.
-_SINGLE_THREADED_MATH = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+SINGLE_THREADED_MATH = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 @contextlib.contextmanager
-def _environment(variables: Dict[str, str]) -> Iterator[None]:
+def environment(variables: Dict[str, str]) -> Iterator[None]:
     """Set environment variables (inherited by children started meanwhile), then restore them."""
     saved = {name: os.environ.get(name) for name in variables}
     os.environ.update(variables)
@@ -282,7 +282,7 @@ class Children:
         process._bench_errors = errors  # type: ignore[attr-defined]
         _watch(self)
         try:
-            with _environment(_SINGLE_THREADED_MATH):
+            with environment(SINGLE_THREADED_MATH):
                 process.start()
             self._processes.append(process)
         finally:
