@@ -115,6 +115,8 @@ static void set_broken(rdv_group_t *g, uint32_t state) {
 static int broken_status(rdv_group_t *g, uint32_t state, struct rdv_coll_status *st) {
     uint32_t rank = state >> 8 & 0xff;
     st->rank = rank;
+    /* relaxed: the named rank's pid, written before its JOINED; the caller
+     * acquired the state word, whose CAS came after */
     st->pid = rank < g->world ? READ_ONCE(g->ranks[rank].pid) : 0;
     if ((state & 0xff) == RDV_COLL_LOST) {
         st->closed = state >> 16 & 1;
@@ -299,6 +301,7 @@ int rdv_coll_open(int fd, int create, uint32_t world, uint32_t rank, uint64_t sl
      * and re-read in rdv_coll_wait_joined */
     uint32_t n = rdv_fetch_add(&g->hdr->joined, 1, __ATOMIC_SEQ_CST) + 1;
     smp_mb();
+    /* relaxed, after the barrier: pairs with a sleeper's increment + barrier */
     if (READ_ONCE(g->hdr->join_sleepers))
         rdv_futex_wake_all(&g->hdr->joined);
     *last = n == world;
@@ -348,6 +351,8 @@ int rdv_coll_wait_joined(rdv_group_t *g, int64_t timeout_ns) {
         /* relaxed: the re-read after the barrier; the kernel compares again */
         if (READ_ONCE(g->hdr->joined) == seen)
             rdv_futex_wait(&g->hdr->joined, seen, left);
+        /* release: done with the word; a joiner that still counts us makes a
+         * spare wake syscall, no more */
         rdv_fetch_add(&g->hdr->join_sleepers, (uint32_t)-1, __ATOMIC_RELEASE);
     }
 }
@@ -610,6 +615,7 @@ static int spin_for(rdv_group_t *g, uint32_t r, uint32_t target, int64_t budget)
                 return 1;
             rdv_cpu_relax();
         }
+        /* relaxed: a hint to stop spinning; wait_all's check_state acquires */
         if (READ_ONCE(g->hdr->state) != RDV_COLL_RUNNING || rdv_now_ns() - start >= budget)
             return 0;
     }
@@ -830,6 +836,7 @@ int rdv_coll_abort(rdv_group_t *g, const char *reason, uint32_t reason_len) {
     /* relaxed: our reason area; published by the release CAS in set_broken */
     if (READ_ONCE(g->hdr->state) == RDV_COLL_RUNNING) {
         memcpy(reason_of(g, g->rank), reason, reason_len);
+        /* relaxed: published with the text by set_broken's release CAS */
         WRITE_ONCE(*reason_len_of(g, g->rank), reason_len);
         set_broken(g, RDV_COLL_ABORTED | g->rank << 8);
     }
@@ -846,6 +853,7 @@ int rdv_coll_reason(rdv_group_t *g, char *out, uint32_t cap, uint32_t *len) {
     uint32_t r = state >> 8 & 0xff;
     if (r >= g->world)
         return -EBADMSG;
+    /* relaxed: written before the state CAS this function acquired */
     uint32_t n = READ_ONCE(*reason_len_of(g, r));
     if (n > RDV_REASON_MAX)
         return -EBADMSG; /* a length read from shared memory, checked */
@@ -863,6 +871,7 @@ uint32_t rdv_coll_pid(rdv_group_t *g, uint32_t rank) {
 void rdv_coll_leave(rdv_group_t *g) {
     if (g->inert)
         return;
+    /* relaxed, process-local: read by check_state in a call of another thread */
     WRITE_ONCE(g->inert, 1);
     /* release: others that find our lock free read CLOSED (declare_lost) */
     smp_store_release(&g->ranks[g->rank].state, RDV_COLL_RANK_CLOSED);
