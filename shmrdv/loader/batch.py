@@ -1,0 +1,197 @@
+"""One message from a loader worker to the trainer, in one block of shared
+memory: a batch, an error, or the end of an iterable worker's data.
+
+Layout (little-endian), a 1-D uint8 message:
+
+======  =====  ===============================================================
+offset  bytes  field
+======  =====  ===============================================================
+0       4      magic ``SRDB``
+4       1      version (1)
+5       1      kind: BATCH 1, ERROR 2, END 3, READY 4 (reset done)
+6       2      zero
+8       8      task index (signed; the batch's place in the sampler's order)
+16      4      M, the bytes of the meta
+20      4      zero
+24      M      meta, UTF-8 JSON: for a batch ``{"tree": node, "leaves":
+               [[dtype code, shape, offset], ...]}`` (nodes: ``collate.py``);
+               for an error ``{"type", "module", "message", "traceback"}``
+...            each leaf's bytes, C order, at its offset (a multiple of 64)
+======  =====  ===============================================================
+
+The worker writes it with ``alloc`` (each sample's rows copied once, into
+place); the trainer receives it writable and returns views of it: each
+array of a batch keeps the whole block alive, and the block returns to the
+arena when the last of them is dropped. Everything read back is
+bounds-checked: a malformed message raises ``ProtocolError``, it never
+reads outside its block.
+"""
+import collections
+import json
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+
+from ..codec import dtype_code, dtype_of
+from ..errors import ProtocolError
+from ..tensors import as_tensor
+from .collate import Leaf, namedtuple_type
+
+MAGIC = b"SRDB"
+VERSION = 1
+BATCH, ERROR, END, READY = 1, 2, 3, 4
+HEADER = 24
+ALIGN = 64
+_MAX_LEAVES = 1 << 16
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+class Plan:
+    """A message ready to be written: its meta, each leaf's offset, its size."""
+
+    __slots__ = ("kind", "task", "meta", "leaves", "offsets", "nbytes")
+
+    def __init__(self, kind: int, task: int, meta: Dict[str, Any], leaves: List[Leaf]) -> None:
+        offsets = []
+        table = []
+        # The meta names the offsets, which follow the meta: lay the leaves
+        # out after a first guess of its size, and again if it grew past it.
+        start = HEADER
+        while True:
+            pos = _round_up(start, ALIGN)
+            offsets.clear()
+            table.clear()
+            for leaf in leaves:
+                offsets.append(pos)
+                table.append([dtype_code(leaf.dtype).decode("ascii"), list(leaf.shape), pos])
+                pos = _round_up(pos + leaf.nbytes, ALIGN)
+            if leaves:
+                meta = dict(meta, leaves=table)
+            encoded = json.dumps(meta, separators=(",", ":"), allow_nan=True).encode("utf-8")
+            if HEADER + len(encoded) <= _round_up(start, ALIGN) or not leaves:
+                break
+            start = HEADER + len(encoded)
+        self.kind, self.task, self.meta, self.leaves, self.offsets = kind, task, encoded, leaves, offsets
+        end = HEADER + len(encoded)
+        self.nbytes = max(end, pos) if leaves else end
+
+    def write(self, buf: np.ndarray) -> None:
+        """Write the message into ``buf`` (uint8, at least ``nbytes`` long):
+        every leaf's sources are copied once, into place."""
+        head = buf[:HEADER]
+        head[:] = 0
+        head[0:4] = np.frombuffer(MAGIC, np.uint8)
+        head[4], head[5] = VERSION, self.kind
+        head[8:16].view("<i8")[0] = self.task
+        head[16:20].view("<u4")[0] = len(self.meta)
+        buf[HEADER : HEADER + len(self.meta)] = np.frombuffer(self.meta, np.uint8)
+        for leaf, off in zip(self.leaves, self.offsets):
+            dst = buf[off : off + leaf.nbytes].view(leaf.dtype).reshape(leaf.shape)
+            if leaf.rows is not None:
+                for i, row in enumerate(leaf.rows):
+                    np.copyto(dst[i], row, casting="unsafe")
+            else:
+                np.copyto(dst, leaf.whole, casting="unsafe")
+
+
+def batch_plan(task: int, tree: Any, leaves: List[Leaf]) -> Plan:
+    if len(leaves) > _MAX_LEAVES:
+        raise ValueError(f"a batch of {len(leaves)} arrays: shmrdv.loader ships at most {_MAX_LEAVES} per batch")
+    return Plan(BATCH, task, {"tree": tree}, leaves)
+
+
+def read(buf: np.ndarray) -> Tuple[int, int, Dict[str, Any]]:
+    """(kind, task index, meta) of a received message, checked."""
+    n = len(buf)
+    if n < HEADER or bytes(buf[0:4]) != MAGIC:
+        raise ProtocolError(f"a loader worker's message of {n} bytes does not start with {MAGIC!r}")
+    if buf[4] != VERSION or buf[5] not in (BATCH, ERROR, END, READY):
+        raise ProtocolError(f"a loader worker's message has version {buf[4]} and kind {buf[5]}: "
+                            f"this trainer reads version {VERSION}, kinds 1-4")
+    task = int(buf[8:16].view("<i8")[0])
+    meta_len = int(buf[16:20].view("<u4")[0])
+    if meta_len > n - HEADER:
+        raise ProtocolError(f"a loader worker's message says its meta is {meta_len} bytes, "
+                            f"but the message is {n} bytes")
+    try:
+        meta = json.loads(bytes(buf[HEADER : HEADER + meta_len]))
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"a loader worker's message has unreadable meta: {exc}") from None
+    if not isinstance(meta, dict):
+        raise ProtocolError("a loader worker's message has meta that is not a JSON object")
+    return int(buf[5]), task, meta
+
+
+def _leaf_views(buf: np.ndarray, table: Any, meta_end: int) -> List[np.ndarray]:
+    if not isinstance(table, list) or len(table) > _MAX_LEAVES:
+        raise ProtocolError("a loader batch's leaf table is not a list of at most 65536 entries")
+    views = []
+    for entry in table:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                and isinstance(entry[1], list) and type(entry[2]) is int):
+            raise ProtocolError(f"a loader batch's leaf entry is malformed: {entry!r:.200}")
+        code, shape, off = entry
+        if not all(type(d) is int and d >= 0 for d in shape):
+            raise ProtocolError(f"a loader batch's leaf has a bad shape {shape!r:.200}")
+        dtype = dtype_of(code.encode("ascii", "replace"))
+        nbytes = dtype.itemsize
+        for d in shape:
+            nbytes *= d
+        if off < meta_end or off % ALIGN or off + nbytes > len(buf):
+            raise ProtocolError(f"a loader batch's leaf of {nbytes} bytes at offset {off} lies outside "
+                                f"the {len(buf)} bytes of its message")
+        views.append(buf[off : off + nbytes].view(dtype).reshape(shape))
+    return views
+
+
+def build(buf: np.ndarray, meta: Dict[str, Any], as_torch: bool) -> Any:
+    """The batch a BATCH message holds: its structure, with views of ``buf``
+    for its arrays (torch tensors where the worker had or made tensors, if
+    ``as_torch``)."""
+    meta_end = HEADER + int(buf[16:20].view("<u4")[0])
+    views = _leaf_views(buf, meta.get("leaves", []), meta_end)
+
+    def node(n: Any) -> Any:
+        if not isinstance(n, dict):
+            raise ProtocolError(f"a loader batch's tree has a node that is not an object: {n!r:.200}")
+        t = n.get("t")
+        if t == "a":
+            i = n.get("i")
+            if type(i) is not int or not 0 <= i < len(views):
+                raise ProtocolError(f"a loader batch's tree names leaf {i!r} of {len(views)}")
+            return as_tensor(views[i]) if as_torch and n.get("k") == "T" else views[i]
+        if t == "v":
+            return n.get("v")
+        if t == "b":
+            v = n.get("v")
+            return [_hex(x) for x in v] if isinstance(v, list) else _hex(v)
+        children = n.get("c")
+        if not isinstance(children, list):
+            raise ProtocolError(f"a loader batch's tree node {t!r} has no children list")
+        if t == "l":
+            return [node(c) for c in children]
+        if t in ("d", "o"):
+            keys = n.get("k")
+            if (not isinstance(keys, list) or len(keys) != len(children)
+                    or any(isinstance(k, (list, dict)) for k in keys)):
+                raise ProtocolError("a loader batch's dict has keys and values that do not pair up")
+            pairs = ((k, node(c)) for k, c in zip(keys, children))
+            return dict(pairs) if t == "d" else collections.OrderedDict(pairs)
+        if t == "n":
+            return namedtuple_type(str(n.get("m")), str(n.get("q")))(*(node(c) for c in children))
+        raise ProtocolError(f"a loader batch's tree has a node of unknown type {t!r:.50}")
+
+    try:
+        return node(meta.get("tree"))
+    except RecursionError:
+        raise ProtocolError("a loader batch's tree is nested too deeply") from None
+
+
+def _hex(text: Any) -> bytes:
+    try:
+        return bytes.fromhex(text)
+    except (TypeError, ValueError):
+        raise ProtocolError(f"a loader batch holds bytes that are not hex: {text!r:.100}") from None

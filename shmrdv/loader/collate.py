@@ -1,0 +1,186 @@
+"""A batch as a plan before it is built: its structure (a JSON-ready tree)
+and, for every array in it, the dtype, shape and sources it is made of. The
+writer (``batch.py``) then copies each source once, straight into the
+batch's shared memory: nothing is stacked in private memory first.
+
+Three ways to plan, each giving what torch gives for the same input:
+- ``collate``: torch's ``default_collate`` (samples of one batch stacked);
+- ``convert``: torch's ``default_convert`` (``batch_size=None``: one sample,
+  its numpy arrays made tensors);
+- ``convert`` with ``arrays_as_tensors=False``: what a custom ``collate_fn``
+  returned, each array or tensor kept as it is.
+
+Tree nodes (``t`` is the node type):
+
+====  =======================================  ==============================
+t     fields                                   becomes
+====  =======================================  ==============================
+a     i: leaf index, k: "T" tensor / "A" array  the leaf, as a tensor or array
+v     v: a JSON value                           that value (numbers, strings,
+                                                None, lists of strings)
+b     v: list of hex strings, or one            bytes (a list of them)
+l     c: children                               a list
+d     k: keys (JSON values), c: children        a dict
+o     k, c                                      a collections.OrderedDict
+n     m: module, q: qualified name, c           that named tuple
+====  =======================================  ==============================
+"""
+import collections
+import re
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..tensors import as_array, is_tensor
+
+# default_collate's error, word for word: users search for it.
+_COLLATE_ERROR = "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; found {}"
+_STR_OR_OBJECT = re.compile(r"[SaUO]")  # dtypes default_collate does not stack
+_KEY_TYPES = (str, int, float, bool, type(None))
+
+
+class Leaf:
+    """One array of a batch: its dtype and shape, and either ``rows`` (one
+    array per sample, stacked along a new first axis) or ``whole`` (the
+    array itself)."""
+
+    __slots__ = ("dtype", "shape", "rows", "whole")
+
+    def __init__(self, dtype: np.dtype, shape: tuple, rows: Optional[List[np.ndarray]] = None,
+                 whole: Optional[np.ndarray] = None) -> None:
+        self.dtype, self.shape, self.rows, self.whole = dtype, shape, rows, whole
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def _leaf(leaves: List[Leaf], leaf: Leaf, kind: str) -> Dict[str, Any]:
+    leaves.append(leaf)  # its dtype is checked where it is encoded (batch.write)
+    return {"t": "a", "i": len(leaves) - 1, "k": kind}
+
+
+def _is_numpy_value(obj: object) -> bool:
+    # default_convert's test: a numpy type that is not a numpy string.
+    kind = type(obj)
+    return kind.__module__ == "numpy" and kind.__name__ not in ("str_", "string_", "bytes_")
+
+
+def _is_namedtuple(obj: object) -> bool:
+    return isinstance(obj, tuple) and hasattr(obj, "_fields")
+
+
+def _keys(mapping: Any) -> List[Any]:
+    keys = list(mapping)
+    for k in keys:
+        if not isinstance(k, _KEY_TYPES):
+            raise TypeError(f"shmrdv.loader ships dict keys that are str, int, float, bool or None; "
+                            f"got a key of type {type(k).__name__} ({k!r})")
+    return keys
+
+
+def _mapping_node(mapping: Any, keys: List[Any], children: List[Any]) -> Dict[str, Any]:
+    kind = "o" if isinstance(mapping, collections.OrderedDict) else "d"
+    return {"t": kind, "k": keys, "c": children}
+
+
+def _namedtuple_node(obj: tuple, children: List[Any]) -> Dict[str, Any]:
+    kind = type(obj)
+    return {"t": "n", "m": kind.__module__, "q": kind.__qualname__, "c": children}
+
+
+def _stack(batch: Sequence[Any], leaves: List[Leaf]) -> Dict[str, Any]:
+    arrays = [as_array(x, "a batch's element")[0] for x in batch]
+    first = arrays[0]
+    for i, a in enumerate(arrays):
+        if a.shape != first.shape:
+            raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(first.shape)} at "
+                               f"entry 0 and {list(a.shape)} at entry {i}")
+    dtype = first.dtype if all(a.dtype == first.dtype for a in arrays) else np.result_type(*arrays)
+    return _leaf(leaves, Leaf(dtype, (len(arrays),) + first.shape, rows=arrays), "T")
+
+
+def _numbers(batch: Sequence[Any], dtype: Any, leaves: List[Leaf]) -> Dict[str, Any]:
+    try:
+        whole = np.asarray(batch, dtype=dtype)
+    except OverflowError as exc:
+        raise OverflowError(f"default_collate: {exc} (an int does not fit int64)") from None
+    return _leaf(leaves, Leaf(whole.dtype, whole.shape, whole=whole), "T")
+
+
+def collate(batch: Sequence[Any], leaves: List[Leaf]) -> Any:
+    """The tree torch's ``default_collate(batch)`` would build, its arrays
+    planned into ``leaves``."""
+    elem = batch[0]
+    if is_tensor(elem) or isinstance(elem, np.ndarray):
+        if isinstance(elem, np.ndarray) and _STR_OR_OBJECT.search(elem.dtype.str):
+            raise TypeError(_COLLATE_ERROR.format(elem.dtype))
+        return _stack(batch, leaves)
+    if isinstance(elem, (np.bool_, np.number)):
+        return _numbers(batch, None, leaves)
+    if isinstance(elem, float):
+        return _numbers(batch, np.float64, leaves)
+    if isinstance(elem, int):  # bool too: a batch of bools is a bool tensor, as in torch
+        return _numbers(batch, np.bool_ if all(type(x) is bool for x in batch) else np.int64, leaves)
+    if isinstance(elem, str):
+        return {"t": "v", "v": list(batch)}
+    if isinstance(elem, bytes):
+        return {"t": "b", "v": [bytes(x).hex() for x in batch]}
+    if isinstance(elem, collections.abc.Mapping):
+        keys = _keys(elem)
+        return _mapping_node(elem, keys, [collate([d[k] for d in batch], leaves) for k in keys])
+    if _is_namedtuple(elem):
+        return _namedtuple_node(elem, [collate(list(s), leaves) for s in zip(*batch)])
+    if isinstance(elem, collections.abc.Sequence):
+        size = len(elem)
+        if not all(len(e) == size for e in batch):
+            raise RuntimeError("each element in list of batch should be of equal size")
+        return {"t": "l", "c": [collate(list(s), leaves) for s in zip(*batch)]}
+    raise TypeError(_COLLATE_ERROR.format(type(elem)))
+
+
+def convert(data: Any, leaves: List[Leaf], arrays_as_tensors: bool = True) -> Any:
+    """The tree of one value shipped as it is: torch's ``default_convert``
+    (numpy arrays and scalars become tensors) or, with ``arrays_as_tensors``
+    False, a custom ``collate_fn``'s result (arrays stay arrays)."""
+    if is_tensor(data):
+        whole = as_array(data, "a batch's tensor")[0]
+        return _leaf(leaves, Leaf(whole.dtype, whole.shape, whole=whole), "T")
+    if _is_numpy_value(data):
+        whole = np.asarray(data)
+        if whole.dtype.kind == "O":
+            raise TypeError("shmrdv.loader cannot ship numpy object arrays: make them numeric "
+                            "(or strings of fixed width) in __getitem__ or collate_fn")
+        string = _STR_OR_OBJECT.search(whole.dtype.str) is not None
+        return _leaf(leaves, Leaf(whole.dtype, whole.shape, whole=whole),
+                     "T" if arrays_as_tensors and not string else "A")
+    if isinstance(data, collections.abc.Mapping):
+        keys = _keys(data)
+        return _mapping_node(data, keys, [convert(data[k], leaves, arrays_as_tensors) for k in keys])
+    if _is_namedtuple(data):
+        return _namedtuple_node(data, [convert(d, leaves, arrays_as_tensors) for d in data])
+    if isinstance(data, (bytes, bytearray)):
+        return {"t": "b", "v": bytes(data).hex()}
+    if isinstance(data, _KEY_TYPES):
+        return {"t": "v", "v": data}
+    if isinstance(data, collections.abc.Sequence) and not isinstance(data, str):
+        return {"t": "l", "c": [convert(d, leaves, arrays_as_tensors) for d in data]}
+    raise TypeError(f"shmrdv.loader cannot ship a {type(data).__module__}.{type(data).__qualname__} from a "
+                    f"worker: a batch holds arrays, tensors, numbers, strings, bytes and tuples, lists, dicts "
+                    f"and named tuples of them (nothing is pickled); convert it in __getitem__ or collate_fn")
+
+
+def namedtuple_type(module: str, qualname: str) -> Any:
+    """The named tuple class a worker named, looked up among the modules this
+    process has imported (never imported on a peer's word)."""
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if not (isinstance(obj, type) and issubclass(obj, tuple) and hasattr(obj, "_fields")):
+        raise TypeError(f"a batch holds a named tuple {module}.{qualname} that this process does not have: "
+                        f"import {module} in the training process")
+    return obj

@@ -1,0 +1,498 @@
+"""``DataLoader``: torch's DataLoader arguments and order, with worker
+processes that write each batch straight into shared memory and a trainer
+that receives it without a copy.
+
+How one epoch runs (the same bookkeeping as torch's, so that the order of
+batches, of samples and of random draws is torch's):
+- the trainer draws the epoch's base seed, then hands out tasks (a batch's
+  indices, numbered in sampler order) to the workers in turn, at most
+  ``prefetch_factor`` per worker ahead of what it has yielded;
+- each worker answers its tasks in order on its own result key, so the
+  next batch in sampler order is the head of one worker's key: with
+  ``in_order`` the trainer waits on that key; without, on any;
+- every wait is in slices of ``_SLICE``, between which the trainer checks
+  its workers' processes (a death raises within a slice) and the
+  ``timeout``.
+"""
+import itertools
+import multiprocessing
+import os
+import time
+import weakref
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import numpy as np
+
+from ..errors import InvalidArgument, RendezvousTimeout
+from ..rendezvous import Rendezvous
+from ..tensors import is_tensor
+from . import batch as wire
+from . import sampling
+from .collate import Leaf, collate, convert
+from .failures import worker_died, worker_exception
+from .progress import Progress
+from .worker import Config, Fetcher, encode_json, result_key, run, task_key
+
+DEFAULT_SHM_SIZE = 256 << 20
+"""Bytes of shared memory a loader with workers reserves (``shm_size``)."""
+_SLICE = 0.1  # seconds: how soon a dead worker or a timeout is noticed
+_STOP_WAIT = 2.0  # seconds a stopping worker gets before it is killed
+
+
+def _jsonable_index(index: Any) -> Any:
+    """A sampler's index as JSON for the task message: ints, strings, None and lists of them."""
+    if index is None or isinstance(index, (str, bool)):
+        return index
+    if isinstance(index, (int, np.integer)):
+        return int(index)
+    if is_tensor(index) and index.numel() == 1 and not index.is_floating_point():
+        return int(index.item())
+    if isinstance(index, (list, tuple, range)) or is_tensor(index) or isinstance(index, np.ndarray):
+        return [_jsonable_index(i) for i in (index.tolist() if hasattr(index, "tolist") else index)]
+    raise TypeError(f"shmrdv.loader hands sampler indices to workers as ints, strings, None or lists of "
+                    f"them (nothing is pickled); the sampler gave a {type(index).__name__}: {index!r:.80}")
+
+
+def _context(multiprocessing_context: Any) -> Any:
+    if multiprocessing_context is None:
+        return multiprocessing.get_context()
+    if isinstance(multiprocessing_context, str):
+        if multiprocessing_context not in multiprocessing.get_all_start_methods():
+            raise ValueError(f"multiprocessing_context option should specify a valid start method in "
+                             f"{multiprocessing.get_all_start_methods()!r}, but got "
+                             f"multiprocessing_context={multiprocessing_context!r}")
+        return multiprocessing.get_context(multiprocessing_context)
+    if not hasattr(multiprocessing_context, "Process"):
+        raise TypeError(f"multiprocessing_context option should be a valid context object or a string "
+                        f"specifying the start method, but got multiprocessing_context={multiprocessing_context}")
+    return multiprocessing_context
+
+
+class _Workers:
+    """The worker processes of one loader (persistent) or one epoch, and
+    their channels in the loader's rendezvous."""
+
+    def __init__(self, loader: "DataLoader", rdv: Rendezvous, seed: int) -> None:
+        self.rdv = rdv
+        self.procs: List[Any] = []
+        self.stopped = [False] * loader.num_workers
+        self.down = False
+        ctx = _context(loader.multiprocessing_context)
+        try:
+            for w in range(loader.num_workers):
+                cfg = Config(rdv.name, w, loader.num_workers, loader.dataset, loader._iterable,
+                             loader._auto_collation, loader.collate_fn, loader.drop_last, seed,
+                             loader.worker_init_fn, os.getpid())
+                p = ctx.Process(target=run, args=(cfg,), name=f"shmrdv-loader-worker-{w}", daemon=True)
+                p.start()
+                self.procs.append(p)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def send(self, w: int, msg: Dict[str, Any]) -> None:
+        self.rdv.send(task_key(w), encode_json(msg))
+
+    def dead(self) -> Optional[int]:
+        """A worker whose process ended without being told to stop, or None."""
+        for w, p in enumerate(self.procs):
+            if not self.stopped[w] and p.exitcode is not None:
+                return w
+        return None
+
+    def stop(self, w: int) -> None:
+        if not self.stopped[w]:
+            self.stopped[w] = True
+            try:
+                self.send(w, {"stop": 1})
+            except Exception:
+                pass  # it is killed below if it does not exit
+
+    def _drain(self) -> None:
+        # Queued results and tasks of this epoch go back to the arena.
+        for w in range(len(self.procs)):
+            for key in (result_key(w), task_key(w)):
+                try:
+                    while self.rdv.try_recv(key) is not None:
+                        pass
+                except Exception:
+                    break
+
+    def shutdown(self) -> None:
+        """Stop every worker (killing one that does not exit within
+        ``_STOP_WAIT``), wait for them all, and free what they left queued.
+        Idempotent; batches already delivered stay valid."""
+        if self.down:
+            return
+        self.down = True
+        for w in range(len(self.procs)):
+            self.stop(w)
+        self._drain()  # a worker waiting for room to write finishes, then reads its stop
+        deadline = time.monotonic() + _STOP_WAIT
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+            p.close()
+        self._drain()
+
+
+class _Epochs:
+    """An iterator over a loader's batches (torch's _MultiProcessingDataLoaderIter);
+    with persistent workers, one serves every epoch (``reset``)."""
+
+    def __init__(self, loader: "DataLoader") -> None:
+        self.loader = loader
+        self.sampler_iter = iter(loader._index_sampler)
+        self.seed = sampling.base_seed(loader.generator, loader._torch_order)
+        self.workers = _Workers(loader, loader._shm(), self.seed)
+        self._finalizer = weakref.finalize(self, self.workers.shutdown)
+        self.error: Optional[BaseException] = None
+        self.progress: Optional[Progress] = None
+        self.reset(first=True)
+
+    def reset(self, first: bool = False) -> None:
+        loader = self.loader
+        n = loader.num_workers
+        if not first:
+            self.sampler_iter = iter(loader._index_sampler)
+            self._resume()
+        self.sent = self.rcvd = 0
+        self.task_worker: Dict[int, int] = {}
+        self.outstanding = 0
+        self.active = [True] * n
+        self.num_tasks = [0] * n
+        self.pending: Optional[Any] = None  # an index no worker had room for (in_order=False)
+        self.cycle = itertools.cycle(range(n))
+        self.done = False
+        if loader.progress:
+            self.progress = Progress(loader._length_or_none())
+        for _ in range(loader.prefetch_factor * n):
+            self._put_task()
+
+    def _resume(self) -> None:
+        # Every worker restarts its iterable; what it answers before its
+        # READY belongs to the epoch left behind and is dropped.
+        for w in range(self.loader.num_workers):
+            self.workers.send(w, {"reset": 1})
+        for w in range(self.loader.num_workers):
+            while True:
+                kind, _task, _meta, _buf = self._recv_from(w)
+                if kind == wire.READY:
+                    break
+
+    def __iter__(self) -> "_Epochs":
+        return self
+
+    def _put_task(self) -> None:
+        loader = self.loader
+        max_tasks = loader.prefetch_factor * loader.num_workers
+        if self.pending is None:
+            try:
+                self.pending = next(self.sampler_iter)
+            except StopIteration:
+                return
+        for _ in range(loader.num_workers):
+            w = next(self.cycle)
+            if self.active[w] and (loader.in_order or self.num_tasks[w] < max_tasks // sum(self.active)):
+                break
+        else:
+            return  # kept in self.pending for the next free slot
+        index, self.pending = self.pending, None
+        self.workers.send(w, {"i": self.sent, "x": _jsonable_index(index)})
+        self.task_worker[self.sent] = w
+        self.num_tasks[w] += 1
+        self.outstanding += 1
+        self.sent += 1
+
+    def _failed(self, err: BaseException) -> BaseException:
+        self.error = err
+        self._close()
+        return err
+
+    def _check(self, deadline: Optional[float]) -> None:
+        w = self.workers.dead()
+        if w is not None:
+            p = self.workers.procs[w]
+            mine = [t for t, owner in self.task_worker.items() if owner == w]
+            raise self._failed(worker_died(w, p.pid, min(mine) if mine else None, p.exitcode))
+        if deadline is not None and time.monotonic() >= deadline:
+            raise self._failed(RuntimeError(f"DataLoader timed out after {self.loader.timeout} seconds"))
+
+    def _deadline(self) -> Optional[float]:
+        return time.monotonic() + self.loader.timeout if self.loader.timeout > 0 else None
+
+    def _recv_from(self, w: int) -> Any:
+        key, rdv, deadline = result_key(w), self.workers.rdv, self._deadline()
+        while True:
+            try:
+                buf = rdv.recv(key, timeout=_SLICE, writable=True)
+            except RendezvousTimeout:
+                self._check(deadline)
+                continue
+            kind, task, meta = wire.read(buf)
+            return kind, task, meta, buf
+
+    def _recv_any(self) -> Any:
+        keys = [result_key(w) for w in range(self.loader.num_workers) if self.num_tasks[w] > 0]
+        rdv, deadline = self.workers.rdv, self._deadline()
+        while True:
+            try:
+                key, buf = rdv.recv_any(keys, timeout=_SLICE, writable=True)
+            except RendezvousTimeout:
+                self._check(deadline)
+                continue
+            kind, task, meta = wire.read(buf)
+            return kind, task, meta, buf
+
+    def __next__(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        if self.done:
+            raise StopIteration
+        while True:
+            while self.rcvd < self.sent:
+                w = self.task_worker.get(self.rcvd)
+                if w is not None:
+                    if self.active[w]:
+                        break
+                    del self.task_worker[self.rcvd]
+                self.rcvd += 1
+            else:
+                self.done = True
+                if self.progress is not None:
+                    self.progress.close()
+                if not self.loader.persistent_workers:
+                    self._close()
+                raise StopIteration
+            kind, task, meta, buf = (self._recv_from(self.task_worker[self.rcvd]) if self.loader.in_order
+                                     else self._recv_any())
+            w = self.task_worker.pop(task, None)
+            if w is None:
+                raise self._failed(RuntimeError(f"shmrdv.loader: a worker answered task {task}, which is not "
+                                                f"outstanding (a bug: please report it)"))
+            self.outstanding -= 1
+            self.num_tasks[w] -= 1
+            if kind == wire.END:
+                self.active[w] = False
+                if not self.loader.persistent_workers:
+                    self.workers.stop(w)
+                self._put_task()
+                continue
+            if task == self.rcvd:
+                self.rcvd += 1
+            self._put_task()
+            if kind == wire.ERROR:
+                raise worker_exception(w, self.workers.procs[w].pid, task, meta)
+            data = wire.build(buf, meta, self.loader._as_torch)
+            if self.progress is not None:
+                self.progress.update(buf.nbytes)
+            return data
+
+    def _close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+        self._finalizer()
+
+    def __del__(self) -> None:
+        self._finalizer()
+
+
+class _InProcess:
+    """``num_workers=0``: batches built in the trainer's process, in the
+    same order, with the same draws."""
+
+    def __init__(self, loader: "DataLoader") -> None:
+        self.loader = loader
+        self.sampler_iter = iter(loader._index_sampler)
+        sampling.base_seed(loader.generator, loader._torch_order)  # drawn by torch too: the same generator state
+        cfg = Config("", 0, 1, loader.dataset, loader._iterable, loader._auto_collation, loader.collate_fn,
+                     loader.drop_last, 0, None, os.getpid())
+        self.fetcher = Fetcher(cfg)
+        self.progress = Progress(loader._length_or_none()) if loader.progress else None
+
+    def __iter__(self) -> "_InProcess":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            index = next(self.sampler_iter)
+            plan = self.fetcher.plan(0, index)
+        except StopIteration:
+            if self.progress is not None:
+                self.progress.close()
+            raise
+        buf = np.empty(plan.nbytes, np.uint8)
+        plan.write(buf)
+        _kind, _task, meta = wire.read(buf)
+        if self.progress is not None:
+            self.progress.update(buf.nbytes)
+        return wire.build(buf, meta, self.loader._as_torch)
+
+
+class _Resources:
+    """What a loader owns beyond its arguments: its rendezvous and its
+    persistent workers, released by ``close`` or when the loader is
+    collected (a finalizer that holds no reference to the loader)."""
+
+    def __init__(self) -> None:
+        self.rdv: Optional[Rendezvous] = None
+        self.workers: Optional[_Workers] = None
+
+    def release(self) -> None:
+        workers, self.workers = self.workers, None
+        if workers is not None:
+            workers.shutdown()
+        rdv, self.rdv = self.rdv, None
+        if rdv is not None:
+            rdv.close()
+
+
+class DataLoader:
+    """torch's ``DataLoader`` (its common arguments, its order, its seeds),
+    with workers that write batches straight into shared memory.
+
+    Iterating yields batches structured as torch's ``default_collate`` makes
+    them (or as ``collate_fn`` returns them), their tensors or arrays
+    zero-copy views of shared memory, **writable** and the trainer's own:
+    valid until dropped, when their memory returns to the loader's arena.
+    ``output="torch"`` (the default when torch is installed) yields torch
+    tensors, ``"numpy"`` numpy arrays.
+
+    Datasets: map-style (``__getitem__``, ``__len__``; ``__getitems__`` is
+    used when present) or iterable (``torch.utils.data.IterableDataset``, or
+    without torch any object with ``__iter__`` and no ``__getitem__``);
+    inside a worker ``shmrdv.loader.get_worker_info()`` (and torch's) tells
+    which worker it is, so torch's sharding idioms work.
+
+    Workers (``num_workers``, started by ``multiprocessing_context``: fork,
+    spawn or forkserver) get each batch's indices, fetch and collate, and
+    write the batch into ``shm_size`` bytes of shared memory (default 256
+    MiB, reserved when the first epoch starts: it must hold
+    ``prefetch_factor * num_workers`` batches plus those the trainer keeps).
+    Nothing a worker sends is pickled: batches hold arrays, tensors,
+    numbers, strings, bytes, and lists, tuples, dicts and named tuples of
+    them; sampler indices are ints, strings, None or lists of them.
+
+    Failures: an exception in a worker is raised in the trainer (a builtin
+    type as itself, others as ``WorkerError``) with the worker id, its pid,
+    the batch index and the worker's traceback; a worker killed by a signal
+    raises ``WorkerDied`` within a tenth of a second of the trainer next
+    waiting for it; ``timeout`` > 0 raises ``RuntimeError`` when a batch
+    takes longer. Ending an epoch early (``break``), deleting the loader or
+    its iterator, or ``close()`` stops the workers and frees the memory;
+    batches already delivered stay valid.
+
+    ``progress=True`` shows a progress bar with batches/s and GB/s (tqdm's
+    when tqdm is installed, a line on stderr otherwise).
+    """
+
+    def __init__(self, dataset: Any, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None,
+                 sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
+                 collate_fn: Optional[Callable[[Any], Any]] = None, pin_memory: bool = False,
+                 drop_last: bool = False, timeout: float = 0, worker_init_fn: Optional[Callable[[int], None]] = None,
+                 multiprocessing_context: Any = None, generator: Any = None, *,
+                 prefetch_factor: Optional[int] = None, persistent_workers: bool = False, in_order: bool = True,
+                 output: Optional[str] = None, progress: bool = False, shm_size: Optional[int] = None) -> None:
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable "
+                             "multiprocessing.")
+        if not isinstance(timeout, (int, float)) or timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError("prefetch_factor option could only be specified in multiprocessing. let "
+                             "num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
+        if prefetch_factor is None:
+            prefetch_factor = 2
+        if isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, int) or prefetch_factor < 1:
+            raise ValueError(f"prefetch_factor option should be a positive integer, got {prefetch_factor!r}")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        if output is None:
+            import importlib.util
+
+            output = "torch" if importlib.util.find_spec("torch") is not None else "numpy"
+        if output not in ("torch", "numpy"):
+            raise InvalidArgument(f"output must be 'torch' or 'numpy', got {output!r}")
+        if multiprocessing_context is not None:
+            _context(multiprocessing_context)  # checked now, not at the first epoch
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory  # accepted for compatibility: CPU batches are already in shared memory
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.in_order = in_order
+        self.persistent_workers = persistent_workers
+        self.output = output
+        self.progress = progress
+        self.shm_size = DEFAULT_SHM_SIZE if shm_size is None else shm_size
+        self._torch_order = sampling.torch_order(output)
+        self._as_torch = output == "torch"
+        self._iterable = sampling.is_iterable_dataset(dataset)
+        self.sampler, self.batch_sampler, self.batch_size, self.drop_last = sampling.choose(
+            dataset, self._iterable, batch_size, shuffle, sampler, batch_sampler, drop_last, generator,
+            self._torch_order)
+        self.generator = generator
+        self.collate_fn = collate_fn
+        self._resources = _Resources()
+        self._closer = weakref.finalize(self, self._resources.release)
+        self._persistent: Optional[_Epochs] = None
+
+    @property
+    def _auto_collation(self) -> bool:
+        return self.batch_sampler is not None
+
+    @property
+    def _index_sampler(self) -> Any:
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    def _shm(self) -> Rendezvous:
+        res = self._resources
+        if res.rdv is None:
+            res.rdv = Rendezvous(size=self.shm_size)
+        return res.rdv
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.num_workers == 0:
+            return _InProcess(self)
+        if not self.persistent_workers:
+            return _Epochs(self)
+        if self._persistent is None or self._persistent.error is not None:
+            # The iterator sees the loader through a weak proxy: no cycle
+            # keeps a deleted loader, and its workers, alive.
+            self._persistent = _Epochs(weakref.proxy(self))
+            self._resources.workers = self._persistent.workers
+        else:
+            self._persistent.reset()
+        return self._persistent
+
+    def __len__(self) -> int:
+        if not self._iterable:
+            return len(self._index_sampler)
+        length = len(self.dataset)
+        if self.batch_size is not None:
+            length = length // self.batch_size if self.drop_last else -(-length // self.batch_size)
+        return length
+
+    def _length_or_none(self) -> Optional[int]:
+        try:
+            return len(self)
+        except TypeError:
+            return None
+
+    def close(self) -> None:
+        """Stop persistent workers and free the loader's shared memory
+        (batches already delivered stay valid); idempotent. Deleting the
+        loader does the same."""
+        self._persistent = None
+        self._closer()
+
+    def __enter__(self) -> "DataLoader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

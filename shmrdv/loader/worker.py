@@ -1,0 +1,274 @@
+"""A loader worker: a process that takes tasks (a batch's indices) from its
+task key, fetches the samples from its copy of the dataset, and writes each
+batch straight into the loader's shared memory under its result key.
+
+Channels, per worker ``w`` of a loader's rendezvous (both FIFO):
+
+=================  ==========  ==============================================
+key                written by  messages
+=================  ==========  ==============================================
+``t{w}``           trainer     UTF-8 JSON: ``{"i": task, "x": index}``,
+                               ``{"reset": 1}`` (a new epoch: start the
+                               iterable dataset again), ``{"stop": 1}``
+``r{w}``           worker      ``batch.py`` messages, one per task in task
+                               order (none for the tasks after an iterable
+                               dataset's END), and READY after a reset
+=================  ==========  ==============================================
+
+A worker ignores SIGINT (the trainer handles Ctrl-C and stops it) and exits
+by itself once the trainer's process is gone: every wait is in slices that
+check it. Nothing a worker sends is pickled.
+"""
+import json
+import os
+import random
+import select
+import signal
+import sys
+import traceback
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+
+from ..errors import RendezvousTimeout
+from ..rendezvous import Rendezvous
+from . import batch as wire
+from .collate import Leaf, collate, convert
+
+_SLICE = 0.25  # seconds between checks that the trainer is alive
+
+
+def task_key(worker_id: int) -> str:
+    return f"t{worker_id}"
+
+
+def result_key(worker_id: int) -> str:
+    return f"r{worker_id}"
+
+
+def encode_json(obj: Any) -> np.ndarray:
+    return np.frombuffer(json.dumps(obj, separators=(",", ":")).encode("utf-8"), np.uint8)
+
+
+class WorkerInfo:
+    """What ``get_worker_info()`` returns inside a worker: ``id``,
+    ``num_workers``, ``seed`` and ``dataset`` (this worker's copy), as in
+    torch."""
+
+    __slots__ = ("id", "num_workers", "seed", "dataset")
+
+    def __init__(self, id: int, num_workers: int, seed: int, dataset: Any) -> None:
+        self.id, self.num_workers, self.seed, self.dataset = id, num_workers, seed, dataset
+
+    def __repr__(self) -> str:
+        return f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed}, dataset={self.dataset!r:.80})"
+
+
+_worker_info: Optional[Any] = None
+
+
+def get_worker_info() -> Optional[Any]:
+    """This worker's ``WorkerInfo`` inside a loader worker, None elsewhere
+    (``torch.utils.data.get_worker_info()`` gives the same in a worker when
+    torch is loaded there)."""
+    return _worker_info
+
+
+class Config:
+    """Everything a worker starts from (pickled to spawn and forkserver workers)."""
+
+    def __init__(self, rdv_name: str, worker_id: int, num_workers: int, dataset: Any, iterable: bool,
+                 auto_collation: bool, collate_fn: Optional[Callable[[Any], Any]], drop_last: bool,
+                 seed: int, worker_init_fn: Optional[Callable[[int], None]], trainer_pid: int) -> None:
+        self.rdv_name, self.worker_id, self.num_workers = rdv_name, worker_id, num_workers
+        self.dataset, self.iterable, self.auto_collation = dataset, iterable, auto_collation
+        self.collate_fn, self.drop_last, self.seed = collate_fn, drop_last, seed
+        self.worker_init_fn, self.trainer_pid = worker_init_fn, trainer_pid
+
+
+class _Trainer:
+    """Whether the trainer's process still lives (a pidfd, where the kernel has them)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        try:
+            self._poll: Optional[select.poll] = select.poll()
+            self._fd = os.pidfd_open(pid)
+            self._poll.register(self._fd, select.POLLIN)
+        except (AttributeError, OSError):
+            self._poll = None
+
+    def alive(self) -> bool:
+        if self._poll is not None:
+            return not self._poll.poll(0)
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+
+def _seed(seed: int, worker_id: int, base: int) -> None:
+    # As torch seeds its workers: random and torch with base + id, numpy from
+    # a SeedSequence of (id, base) (torch's _generate_state is the same hash).
+    random.seed(seed)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+    state = np.random.SeedSequence([worker_id, base & 0xFFFFFFFF, base >> 32, 0]).generate_state(4)
+    np.random.seed(state)
+
+
+def _set_worker_info(cfg: Config, seed: int) -> None:
+    global _worker_info
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        from torch.utils.data._utils import worker as torch_worker
+
+        _worker_info = torch_worker.WorkerInfo(id=cfg.worker_id, num_workers=cfg.num_workers, seed=seed,
+                                               dataset=cfg.dataset)
+        torch_worker._worker_info = _worker_info
+    else:
+        _worker_info = WorkerInfo(cfg.worker_id, cfg.num_workers, seed, cfg.dataset)
+
+
+class Fetcher:
+    """One task's batch as a plan: samples fetched, then collated (or converted)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.it: Any = None
+        self.ended = False
+        if cfg.iterable:
+            self.reset()
+
+    def reset(self) -> None:
+        self.it = iter(self.cfg.dataset)
+        self.ended = False
+
+    def samples(self, index: Any) -> Any:
+        cfg = self.cfg
+        if not cfg.iterable:
+            if not cfg.auto_collation:
+                return cfg.dataset[index]
+            getitems = getattr(cfg.dataset, "__getitems__", None)
+            return getitems(index) if getitems is not None else [cfg.dataset[i] for i in index]
+        if self.ended:
+            raise StopIteration
+        if not cfg.auto_collation:
+            try:
+                return next(self.it)
+            except StopIteration:
+                self.ended = True
+                raise
+        data: List[Any] = []
+        for _ in index:
+            try:
+                data.append(next(self.it))
+            except StopIteration:
+                self.ended = True
+                break
+        if not data or (cfg.drop_last and len(data) < len(index)):
+            raise StopIteration
+        return data
+
+    def plan(self, task: int, index: Any) -> wire.Plan:
+        cfg = self.cfg
+        data = self.samples(index)
+        leaves: List[Leaf] = []
+        if cfg.collate_fn is not None:
+            tree = convert(cfg.collate_fn(data), leaves, arrays_as_tensors=False)
+        elif cfg.auto_collation:
+            tree = collate(data, leaves)
+        else:
+            tree = convert(data, leaves)
+        return wire.batch_plan(task, tree, leaves)
+
+
+def error_plan(task: int, exc: BaseException) -> wire.Plan:
+    kind = type(exc)
+    meta = {"type": kind.__qualname__, "module": kind.__module__, "message": str(exc),
+            "traceback": "".join(traceback.format_exception(kind, exc, exc.__traceback__))}
+    return wire.Plan(wire.ERROR, task, meta, [])
+
+
+class _Channel:
+    def __init__(self, rdv: Rendezvous, worker_id: int, trainer: _Trainer) -> None:
+        self.rdv, self.trainer = rdv, trainer
+        self.tasks, self.results = task_key(worker_id), result_key(worker_id)
+
+    def next_task(self) -> Optional[Any]:
+        """The next task message, or None once the trainer is gone."""
+        while True:
+            try:
+                raw = self.rdv.recv(self.tasks, timeout=_SLICE)
+            except RendezvousTimeout:
+                if not self.trainer.alive():
+                    return None
+                continue
+            return json.loads(bytes(raw))
+
+    def put(self, plan: wire.Plan) -> bool:
+        """Write plan as the next result (waiting while the arena is full:
+        the trainer holds too many batches); False once the trainer is gone."""
+        while True:
+            try:
+                with self.rdv.alloc(self.results, (plan.nbytes,), np.uint8, timeout=_SLICE) as buf:
+                    plan.write(buf)
+                return True
+            except RendezvousTimeout:
+                if not self.trainer.alive():
+                    return False
+
+
+def run(cfg: Config) -> None:
+    """A worker's life: set up as torch does, then serve tasks until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    trainer = _Trainer(cfg.trainer_pid)
+    rdv = Rendezvous(cfg.rdv_name, create=False)
+    try:
+        channel = _Channel(rdv, cfg.worker_id, trainer)
+        seed = cfg.seed + cfg.worker_id
+        _seed(seed, cfg.worker_id, cfg.seed)
+        _set_worker_info(cfg, seed)
+        try:
+            if cfg.worker_init_fn is not None:
+                cfg.worker_init_fn(cfg.worker_id)
+            fetcher = Fetcher(cfg)
+        except Exception as exc:
+            channel.put(error_plan(-1, exc))  # the trainer raises it, naming this worker
+            return
+        _serve(channel, fetcher)
+    finally:
+        rdv.close()
+
+
+def _serve(channel: _Channel, fetcher: Fetcher) -> None:
+    exhausted = False  # END sent: an iterable answers nothing more until a reset, as in torch
+    while True:
+        msg = channel.next_task()
+        if msg is None or "stop" in msg:
+            return
+        if "reset" in msg:
+            fetcher.reset()
+            exhausted = False
+            if not channel.put(wire.Plan(wire.READY, -1, {}, [])):
+                return
+            continue
+        if exhausted:
+            continue
+        task = int(msg["i"])
+        try:
+            plan = fetcher.plan(task, msg["x"])
+        except StopIteration:
+            plan, exhausted = wire.Plan(wire.END, task, {}, []), True
+        except Exception as exc:
+            plan = error_plan(task, exc)
+        try:
+            ok = channel.put(plan)
+        except Exception as exc:  # it does not fit, or a leaf cannot be written
+            ok = channel.put(error_plan(task, exc))
+        if not ok:
+            return
