@@ -55,6 +55,8 @@ class RecvFuture(Future):  # type: ignore[type-arg]
         self._info: Any = None  # the taken message, until its view is made
         self._which = 0
         self._view: Any = None
+        self._as_torch = False  # the view is a torch tensor (recv_async(..., as_torch=True))
+        self._failed: Optional[BaseException] = None  # why the view could not be made
         self._given_back = False
         self._release: Any = None  # a finalizer releasing _info's message
 
@@ -277,11 +279,16 @@ class Completions:
             if fut._given_back:
                 raise CancelledError("the awaiting task was cancelled; its message went back to its key")
             if fut._view is None:
+                if fut._failed is not None:
+                    raise fut._failed
                 fut._release.detach()  # the view's own release takes over
-                fut._view = self._rdv._view(fut._info)
-                fut._info = None
-                if fut._keys is not None:
-                    fut._view = (fut._keys[fut._which], fut._view)
+                info, fut._info = fut._info, None
+                try:
+                    view = self._rdv._view(info, False, fut._as_torch)
+                except BaseException as exc:  # the message went back to its key, or was freed
+                    fut._failed = exc
+                    raise
+                fut._view = view if fut._keys is None else (fut._keys[fut._which], view)
             return fut._view
 
     def give_back(self, fut: RecvFuture) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 from ._binding import lib
 from .errors import InvalidArgument, InvalidType, MessageTooLarge, SegmentMismatch
 from .limits import FOREVER_NS
+from .tensors import BF16_MISSING, as_array, bfloat16, is_bfloat16, is_tensor
 
 _DTYPE_KINDS = "biufcmMSU"  # plain, fixed-size, non-object dtypes
 _NS = 1_000_000_000
@@ -50,14 +51,20 @@ def timeout_ns(timeout: object) -> int:
 
 _dtype_codes: Dict[np.dtype, bytes] = {}
 _code_dtypes: Dict[bytes, np.dtype] = {}
+BF16_CODE = b"bfloat16"
+"""The descriptor of ml_dtypes' bfloat16, whose dtype.str ('<V2') names no
+dtype numpy can rebuild: the one code that is not a dtype.str."""
 
 
 def dtype_code(dtype: np.dtype) -> bytes:
+    """The descriptor a message of dtype carries: its dtype.str, or
+    ``BF16_CODE`` for bfloat16."""
     code = _dtype_codes.get(dtype)
     if code is None:
         if not dtype_sendable(dtype):
-            raise InvalidType(f"dtype {dtype} cannot be sent: only numeric, bool, datetime, timedelta and fixed-width string dtypes")
-        code = dtype.str.encode("ascii")
+            raise InvalidType(f"dtype {dtype} cannot be sent: only numeric, bool, bfloat16, datetime, timedelta and "
+                              f"fixed-width string dtypes")
+        code = BF16_CODE if dtype.kind == "V" else dtype.str.encode("ascii")
         if len(code) > lib.RDV_DTYPE_MAX:
             raise InvalidType(f"dtype {dtype} has too long a descriptor")
         _dtype_codes[dtype] = code
@@ -87,8 +94,17 @@ def shape_of(shape: object, itemsize: int, what: str) -> tuple:
 
 
 def dtype_of(code: bytes) -> np.dtype:
+    """The dtype a message's descriptor names: SegmentMismatch for one shmrdv
+    never sends, InvalidType for bfloat16 when ml_dtypes is not installed
+    (nothing numpy has can hold it)."""
     dtype = _code_dtypes.get(code)
     if dtype is None:
+        if code == BF16_CODE:
+            bf16 = bfloat16()
+            if bf16 is None:
+                raise InvalidType(f"the message is bfloat16, and {BF16_MISSING}")
+            _code_dtypes[code] = bf16
+            return bf16
         try:
             dtype = np.dtype(code.decode("ascii"))
         except (TypeError, ValueError, UnicodeDecodeError) as exc:
@@ -101,9 +117,9 @@ def dtype_of(code: bytes) -> np.dtype:
 
 
 
-SEND_ACCEPTS = ("send takes a numpy array, or an array-like of numbers that numpy turns into one (a number, "
-                "or lists/tuples of numbers nested to a regular shape); its dtype must be numeric, bool, "
-                "datetime64, timedelta64 or a fixed-width string")
+SEND_ACCEPTS = ("send takes a numpy array, a CPU torch tensor, or an array-like of numbers that numpy turns "
+                "into one (a number, or lists/tuples of numbers nested to a regular shape); its dtype must be "
+                "numeric, bool, bfloat16, datetime64, timedelta64 or a fixed-width string")
 
 
 def _all_text(obj: object) -> bool:
@@ -131,14 +147,20 @@ def _describe(obj: object) -> str:
 
 
 def as_sendable(obj: object) -> np.ndarray:
-    """The array that ``send`` copies for ``obj``: an ndarray as it is, an
-    array-like through ``np.asarray``; ``InvalidType`` (saying what send
-    takes) for what numpy can only hold as objects (a dict, None, a list of
-    mixed objects), a ragged list, or a list of numbers and strings that
-    numpy would silently turn into strings."""
+    """The array that ``send`` copies for ``obj``: an ndarray as it is, a
+    CPU torch tensor as the array sharing its memory (``tensors.as_array``:
+    its data if it requires grad, bfloat16 as ml_dtypes'), an array-like
+    through ``np.asarray``; ``InvalidType`` (saying what send takes) for what
+    numpy can only hold as objects (a dict, None, a list of mixed objects), a
+    ragged list, or a list of numbers and strings that numpy would silently
+    turn into strings, and for a tensor numpy cannot hold (saying what to do)."""
     if isinstance(obj, np.ndarray):
         dtype_code(obj.dtype)
         return obj
+    if is_tensor(obj):
+        arr, _ = as_array(obj, "send")
+        dtype_code(arr.dtype)
+        return arr
     try:
         arr = np.asarray(obj)
     except (TypeError, ValueError) as exc:
@@ -155,6 +177,8 @@ def as_sendable(obj: object) -> np.ndarray:
 
 def dtype_sendable(dtype: np.dtype) -> bool:
     """Whether arrays of dtype can be sent: the one test of admissibility."""
+    if dtype.kind == "V":
+        return is_bfloat16(dtype)
     return dtype.kind in _DTYPE_KINDS and dtype.fields is None and dtype.subdtype is None and dtype.itemsize > 0
 
 

@@ -516,7 +516,7 @@ class Group:
         which gets the result through a copy in _result, or None)."""
         if out is None:
             return np.empty_like(like), None, None
-        array, _ = as_array(out, f"{what}: out")
+        array, _ = as_array(out, f"{what}: out", out=True)
         if array.shape != like.shape or array.dtype != like.dtype:
             raise InvalidArgument(f"{what}: out has shape {array.shape} and dtype {array.dtype}, the result "
                                   f"{like.shape} and {like.dtype}")

@@ -25,6 +25,7 @@ from .codec import key_bytes as _key_bytes
 from .codec import timeout_ns as _timeout_ns
 from .errors import InvalidArgument, InvalidType, RendezvousError, RendezvousTimeout, SegmentMismatch
 from .stats import KeyInfo, ProcessInfo, Stats
+from .tensors import as_tensor, check_as_torch, is_torch_dtype, numpy_dtype, tensor_dtype_ok
 
 DEFAULT_SIZE = 64 << 20
 """Arena bytes of a rendezvous created without ``size``."""
@@ -330,25 +331,29 @@ def unlink_segment(name: str) -> None:
 class Allocation:
     """A reserved block of the arena, returned by ``Rendezvous.alloc``: a
     context manager whose ``__enter__`` reserves the block and returns a
-    writable array over it, and whose ``__exit__`` publishes it (clean exit)
-    or frees it (exception)."""
+    writable array over it (a torch tensor when ``alloc`` was given a torch
+    dtype), and whose ``__exit__`` publishes it (clean exit) or frees it
+    (exception)."""
 
-    __slots__ = ("_rdv", "_key", "_kb", "_dtype", "_shape", "_timeout_ns", "_mark", "_h", "_pos")
+    __slots__ = ("_rdv", "_key", "_kb", "_dtype", "_shape", "_timeout_ns", "_mark", "_h", "_pos", "_tensor")
 
-    def __init__(self, rdv: "Rendezvous", key: str, kb: bytes, dtype: np.dtype, shape: Tuple[int, ...], timeout_ns: int, mark: Optional[Mark] = None) -> None:
+    def __init__(self, rdv: "Rendezvous", key: str, kb: bytes, dtype: np.dtype, shape: Tuple[int, ...], timeout_ns: int,
+                 mark: Optional[Mark] = None, tensor: bool = False) -> None:
         self._rdv, self._key, self._kb = rdv, key, kb
         self._dtype, self._shape, self._timeout_ns = dtype, shape, timeout_ns
         self._mark = mark
+        self._tensor = tensor
         self._h: Any = None
         self._pos = -1
 
-    def __enter__(self) -> np.ndarray:
+    def __enter__(self) -> Any:
         return self.open()
 
-    def open(self) -> np.ndarray:
+    def open(self) -> Any:
         """Reserve the block (waiting for space as ``send`` does) and return the
-        writable array over it; ``publish`` or ``discard`` ends it. What a
-        ``with`` block's entry does, for a producer that ends it elsewhere."""
+        writable array over it (a torch tensor for a torch dtype); ``publish``
+        or ``discard`` ends it. What a ``with`` block's entry does, for a
+        producer that ends it elsewhere."""
         if self._h is not None:
             raise RendezvousError("an Allocation can be opened only once")
         rdv, kb, dtype, shape = self._rdv, self._kb, self._dtype, self._shape
@@ -364,7 +369,9 @@ class Allocation:
             rdv._fail(rc, f"alloc {self._key!r}", partial(rdv._explain_space, f"alloc {self._key!r}", len(kb), ndim, nbytes, timeout))
         self._h, self._pos = h, out[0]
         buf = np.frombuffer(ffi.buffer(ffi.gc(payload[0], rdv._unref), nbytes), dtype=dtype)
-        return buf if ndim == 1 else buf.reshape(shape)
+        if ndim != 1:
+            buf = buf.reshape(shape)
+        return as_tensor(buf) if self._tensor else buf
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._h is None:
@@ -414,7 +421,8 @@ if hasattr(os, "register_at_fork"):
 # token, tls_ca) -> router, installed by the package (shmrdv/__init__.py) so
 # that this module never imports the bridge. A router has table, token,
 # tls_ca, url_for(key), announce(rdv), send(rdv, url, key, array, timeout)
-# and alloc(rdv, url, key, dtype, shape, timeout).
+# and alloc(rdv, url, key, dtype, shape, timeout, tensor) (tensor: the
+# buffer is a torch tensor).
 _router_factory: Optional[Callable[..., Any]] = None
 
 
@@ -681,6 +689,7 @@ class Rendezvous:
         self._h = h
         self._forked = False
         self._release = partial(lib.rdv_release_payload, h)
+        self._give_back = partial(lib.rdv_give_back, h)
         self._unref = partial(self._unref_payload, h)
         _open_rendezvous.add(self)
 
@@ -766,7 +775,17 @@ class Rendezvous:
         Blocks only while the arena is full, up to ``timeout`` seconds (None:
         forever), then raises ``RendezvousTimeout``. ``MessageTooLarge`` at once
         if the message can never fit. Once this returns, the message survives
-        the sending process. Non-contiguous arrays are sent as C-contiguous."""
+        the sending process. Non-contiguous arrays are sent as C-contiguous.
+
+        ``array`` may be a CPU torch tensor of any dtype numpy has, or
+        bfloat16 (received as ``ml_dtypes.bfloat16``, or as torch.bfloat16
+        with ``as_torch=True``; ``pip install ml_dtypes``). A tensor that
+        requires grad sends its data (``.detach()``): the message is values,
+        with no autograd history. Non-contiguous tensors are sent as
+        C-contiguous, conjugate or negative views resolved. A CUDA (or other
+        non-CPU) tensor, a sparse one, or a dtype numpy has no counterpart
+        of (complex32, float8, quantized) raises ``InvalidType`` saying what
+        to convert it to."""
         # The hot path: every lookup below is a dict hit after the first message.
         kb = _key_cache.get(key) if type(key) is str else None
         if kb is None:
@@ -814,7 +833,10 @@ class Rendezvous:
         self, key: str, shape: Any, dtype: Any, *, timeout: Optional[float] = None, mark: Optional[Mark] = None
     ) -> "Allocation":
         """Zero-copy producer: ``with rdv.alloc(key, shape, dtype) as buf:``
-        gives a writable array inside shared memory.
+        gives a writable array inside shared memory. ``dtype`` is a numpy
+        dtype (anything ``np.dtype`` takes, ``ml_dtypes.bfloat16`` too) or a
+        torch dtype (``torch.float32``, ``torch.bfloat16``, ...): then ``buf``
+        is a writable torch tensor over the same memory.
 
         On clean exit of the ``with`` block the array is published under
         ``key`` exactly as ``send`` would; on an exception its space is freed
@@ -829,10 +851,14 @@ class Rendezvous:
         kb = _key_bytes(key)
         t = _timeout_ns(timeout)
         checked_mark = None if mark is None else _mark(mark)
-        try:
-            dt = np.dtype(dtype)
-        except (TypeError, ValueError) as exc:
-            raise InvalidType(f"alloc {key!r}: bad dtype {dtype!r}: {exc}") from exc
+        tensor = is_torch_dtype(dtype)
+        if tensor:
+            dt = numpy_dtype(dtype, f"alloc {key!r}")
+        else:
+            try:
+                dt = np.dtype(dtype)
+            except (TypeError, ValueError) as exc:
+                raise InvalidType(f"alloc {key!r}: bad dtype {dtype!r}: {exc}") from exc
         _dtype_code(dt)
         shp = _shape_of(shape, dt.itemsize, f"alloc {key!r}")
         if self._routes is not None:
@@ -840,8 +866,8 @@ class Rendezvous:
             if url is not None:
                 if mark is not None:
                     raise InvalidArgument(f"alloc {key!r}: producer marks are local; this key is routed to {url.decode()}")
-                return self._routes.alloc(self, url, key, dt, shp, timeout)  # type: ignore[no-any-return]
-        return Allocation(self, key, kb, dt, shp, t, checked_mark)
+                return self._routes.alloc(self, url, key, dt, shp, timeout, tensor)  # type: ignore[no-any-return]
+        return Allocation(self, key, kb, dt, shp, t, checked_mark, tensor)
 
     # ---- producer marks ----------------------------------------------------
 
@@ -880,26 +906,50 @@ class Rendezvous:
 
     # ---- receiving ---------------------------------------------------------
 
-    def _view(self, info: Any, writable: bool = False) -> np.ndarray:
+    def _view(self, info: Any, writable: bool = False, as_torch: bool = False) -> Any:
+        """The view of the message taken into info: an array, or with as_torch
+        a torch tensor (over writable memory: torch has no read-only tensors,
+        and warns about read-only arrays). A message this process cannot
+        represent (bfloat16 without ml_dtypes; for a tensor, a dtype torch
+        lacks) goes back to the head of its key, and InvalidType says why."""
+        desc = ffi.buffer(info)[_DESC_OFFSET : _DESC_OFFSET + 40 + 16 * info.ndim]
+        parsed = _descs.get(desc)
+        if parsed is None:
+            try:
+                parsed = _parse_descriptor(info, desc)
+            except InvalidType:
+                self._put_back(info)
+                raise
+            except BaseException:
+                raw, info.payload = info.payload, ffi.NULL  # unreadable: freed, as its view would be
+                self._release(raw)
+                raise
+        dtype, shape, nbytes = parsed
+        if as_torch and not tensor_dtype_ok(dtype):
+            self._put_back(info)
+            raise InvalidType(f"the message is {dtype}, which torch has no tensors of (only numbers and bool in "
+                              f"native byte order, and bfloat16): receive it as an array (as_torch=False); "
+                              f"it stays queued")
         # Cleared first: a message whose view may exist is never given back
         # (an interruption between the two lines leaks the block instead).
         raw, info.payload = info.payload, ffi.NULL
         payload = ffi.gc(raw, self._release)  # released even if we raise below
-        desc = ffi.buffer(info)[_DESC_OFFSET : _DESC_OFFSET + 40 + 16 * info.ndim]
-        parsed = _descs.get(desc)
-        if parsed is None:
-            parsed = _parse_descriptor(info, desc)
-        dtype, shape, nbytes = parsed
         if nbytes != info.nbytes:
             raise SegmentMismatch(f"message metadata does not match its payload: shape {shape} of {dtype} is not {info.nbytes} bytes")
         # frombuffer on a read-only memoryview: the flag cannot be turned back on.
         mem = memoryview(ffi.buffer(payload, nbytes))
-        flat = np.frombuffer(mem if writable else mem.toreadonly(), dtype=dtype)
-        return flat if len(shape) == 1 else flat.reshape(shape)
+        flat = np.frombuffer(mem if writable or as_torch else mem.toreadonly(), dtype=dtype)
+        view = flat if len(shape) == 1 else flat.reshape(shape)
+        return as_tensor(view) if as_torch else view
+
+    def _put_back(self, info: Any) -> None:
+        """Give the message taken into info back to the head of its key, unviewed."""
+        raw, info.payload = info.payload, ffi.NULL
+        self._give_back(raw)
 
     def _recv(self, key: str, timeout: Optional[float], empty_ok: bool = False, lease: bool = False,
-              writable: bool = False) -> Optional[np.ndarray]:
-        """A view; None if empty_ok and nothing is queued."""
+              writable: bool = False, as_torch: bool = False) -> Any:
+        """A view (a tensor with as_torch); None if empty_ok and nothing is queued."""
         kb = _key_cache.get(key) if type(key) is str else None
         if kb is None:
             kb = _key_bytes(key)
@@ -917,7 +967,7 @@ class Rendezvous:
                 rc = self._in_line(lambda ns: lib.rdv_recv_start(h, kb, len(kb), ns, flags, waiter, info), h, waiter,
                                    t, flags, ffi.NULL, info, step)
             if rc == 0:
-                return self._view(info, writable)
+                return self._view(info, writable, as_torch)
         except BaseException:  # a signal handler's (Ctrl-C) between the calls: leave the line
             self._leave_line(h, waiter, flags, ffi.NULL, info)
             raise
@@ -965,7 +1015,8 @@ class Rendezvous:
             payload, info.payload = info.payload, ffi.NULL
             lib.rdv_give_back(h, payload)
 
-    def recv(self, key: str, *, timeout: Optional[float] = None, lease: bool = False, writable: bool = False) -> np.ndarray:
+    def recv(self, key: str, *, timeout: Optional[float] = None, lease: bool = False, writable: bool = False,
+             as_torch: bool = False) -> Any:
         """Take the oldest message under ``key``, waiting for one if none is
         queued: up to ``timeout`` seconds (None: forever), then
         ``RendezvousTimeout``. A spinning-then-sleeping wait: a receiver that
@@ -986,17 +1037,33 @@ class Rendezvous:
 
         writable=True: the view is writable. A received message is this
         receiver's alone, so writing into it touches nobody else's data; a
-        leased message goes back to its key with what was written."""
-        view = self._recv(key, timeout, False, lease, writable)
+        leased message goes back to its key with what was written.
+
+        as_torch=True: a torch tensor over the same shared memory (no copy),
+        of the sent dtype (torch.bfloat16 for bfloat16); torch is imported
+        then, never otherwise. torch has no read-only tensors, so the tensor
+        is writable whatever ``writable`` says: writing into it is safe when
+        the message is this receiver's alone (no lease, or lease with
+        writable=True), and a leased tensor without writable=True is
+        read-only by contract only: do not write into it (what is written
+        would go back to the key with the message if this process died).
+        A message torch cannot hold (datetimes, strings, another byte order)
+        raises InvalidType and stays queued."""
+        if as_torch is not False:
+            view = self._recv(key, timeout, False, lease, writable, check_as_torch(as_torch, f"recv {key!r}"))
+        else:
+            view = self._recv(key, timeout, False, lease, writable)
         assert view is not None  # only try_recv returns None
         return view
 
-    def try_recv(self, key: str, *, lease: bool = False, writable: bool = False) -> Optional[np.ndarray]:
+    def try_recv(self, key: str, *, lease: bool = False, writable: bool = False, as_torch: bool = False) -> Any:
         """Like ``recv`` but never blocks: the view, or None when nothing is
-        queued. ``lease`` and ``writable`` as in ``recv``."""
+        queued. ``lease``, ``writable`` and ``as_torch`` as in ``recv``."""
+        if as_torch is not False:
+            return self._recv(key, 0, True, lease, writable, check_as_torch(as_torch, f"try_recv {key!r}"))
         return self._recv(key, 0, True, lease, writable)
 
-    def recv_async(self, key: str) -> "async_recv.RecvFuture":
+    def recv_async(self, key: str, *, as_torch: bool = False) -> "async_recv.RecvFuture":
         """Start a ``recv`` in the background: returns a ``concurrent.futures.Future``
         that is also awaitable (``await rdv.recv_async(key)``).
 
@@ -1011,9 +1078,14 @@ class Rendezvous:
         see the future cancelled); otherwise it returns False and the future
         holds the message. A cancelled asyncio task that awaited it leaves
         the line too, or puts a message handed over meanwhile back at the
-        head of its key. ``close()`` cancels every pending future."""
+        head of its key. ``close()`` cancels every pending future.
+
+        as_torch=True: the result is a torch tensor, as ``recv`` gives."""
         kb = _key_bytes(key)
-        return self._async().start(0, kb, what=f"recv_async {key!r}")
+        tensor = check_as_torch(as_torch, f"recv_async {key!r}")
+        fut = self._async().start(0, kb, what=f"recv_async {key!r}")
+        fut._as_torch = tensor  # read when the result is first asked for
+        return fut
 
     def _async(self) -> "async_recv.Completions":
         comp = self._completions
@@ -1021,14 +1093,17 @@ class Rendezvous:
             comp = self._completions = async_recv.Completions(self, self._handle())
         return comp
 
-    def recv_any(self, keys: Any, *, timeout: Optional[float] = None) -> Tuple[str, np.ndarray]:
+    def recv_any(self, keys: Any, *, timeout: Optional[float] = None, as_torch: bool = False) -> Tuple[str, Any]:
         """Take the first message queued under any of ``keys`` (up to 64
         distinct keys), waiting for one up to ``timeout`` seconds (None:
         forever); returns ``(key, view)``. Exactly one message is taken,
         from one key. When several keys have messages, the key tried first
         rotates from call to call, so no key is starved; while waiting, the
-        first send to any of the keys serves it."""
+        first send to any of the keys serves it. as_torch=True: the view is
+        a torch tensor (writable: the message is this receiver's alone), as
+        ``recv`` gives."""
         names, kb, lens = _any_keys(keys)
+        tensor = check_as_torch(as_torch, f"recv_any {names!r}")
         t = -1 if timeout is None else _timeout_ns(timeout)
         h = self._handle()
         info, waiter = _thread_scratch()
@@ -1040,24 +1115,28 @@ class Rendezvous:
                 rc = self._in_line(lambda ns: lib.rdv_recv_any_start(h, kb, lens, len(names), ns, 0, waiter, which, info),
                                    h, waiter, t, 0, which, info, step)
             if rc == 0:
-                return names[which[0]], self._view(info)
+                return names[which[0]], self._view(info, False, tensor)
         except BaseException:
             self._leave_line(h, waiter, 0, which, info)
             raise
         self._fail(rc, f"recv_any {names!r}")
 
-    async def arecv(self, key: str, *, timeout: Optional[float] = None) -> np.ndarray:
+    async def arecv(self, key: str, *, timeout: Optional[float] = None, as_torch: bool = False) -> Any:
         """``recv`` for asyncio: waits without blocking the event loop (and
         without a thread of its own). Cancelling the task leaves the line,
         or puts a message handed over meanwhile back at the head of its key;
-        ``RendezvousTimeout`` after ``timeout`` seconds (None: forever)."""
-        return await _with_timeout(self.recv_async(key), timeout, f"arecv {key!r}")  # type: ignore[no-any-return]
+        ``RendezvousTimeout`` after ``timeout`` seconds (None: forever).
+        as_torch=True: a torch tensor, as ``recv`` gives."""
+        fut = self.recv_async(key, as_torch=as_torch)
+        return await _with_timeout(fut, timeout, f"arecv {key!r}")
 
-    async def arecv_any(self, keys: Any, *, timeout: Optional[float] = None) -> Tuple[str, np.ndarray]:
+    async def arecv_any(self, keys: Any, *, timeout: Optional[float] = None, as_torch: bool = False) -> Tuple[str, Any]:
         """``recv_any`` for asyncio: ``(key, view)`` of the first message
-        under any of ``keys``, as ``arecv`` waits."""
+        under any of ``keys``, as ``arecv`` waits (as_torch as there)."""
         names, kb, lens = _any_keys(keys)
+        tensor = check_as_torch(as_torch, f"arecv_any {names!r}")
         fut = self._async().start(0, kb, names, lens, what=f"arecv_any {names!r}")
+        fut._as_torch = tensor
         return await _with_timeout(fut, timeout, f"arecv_any {names!r}")  # type: ignore[no-any-return]
 
     async def asend(self, key: str, array: Any, *, timeout: Optional[float] = None) -> None:

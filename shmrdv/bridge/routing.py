@@ -14,6 +14,7 @@ import numpy as np
 from ..codec import as_sendable, dtype_code
 from ..errors import InvalidArgument, InvalidType, MessageTooLarge, RendezvousError
 from ..keys import parse_key
+from ..tensors import as_tensor
 from . import outbox
 from .auth import Token, normalize_token
 from .protocol import parse_url
@@ -92,15 +93,17 @@ class Routes:
             except RendezvousError:
                 pass
 
-    def alloc(self, rdv: Any, url: bytes, key: str, dtype: np.dtype, shape: Tuple[int, ...], timeout: Optional[float]) -> "RemoteAllocation":
-        """``alloc`` of a routed key: an outbox envelope for this host's bridge."""
+    def alloc(self, rdv: Any, url: bytes, key: str, dtype: np.dtype, shape: Tuple[int, ...], timeout: Optional[float],
+              tensor: bool = False) -> "RemoteAllocation":
+        """``alloc`` of a routed key: an outbox envelope for this host's bridge
+        (its buffer a torch tensor if tensor)."""
         nbytes = math.prod(shape) * dtype.itemsize
         head, off = self.envelope_head(url, key.encode("utf-8"), dtype_code(dtype), shape, nbytes)
         try:
             envelope = rdv.alloc(outbox.OUTBOX_KEY, (off + nbytes,), np.uint8, timeout=timeout)
         except MessageTooLarge as exc:
             raise MessageTooLarge(f"send {key!r}: {exc}") from None
-        return RemoteAllocation(envelope, head, off, dtype, shape)
+        return RemoteAllocation(envelope, head, off, dtype, shape, tensor)
 
     def send(self, rdv: Any, url: bytes, key: str, array: Any, timeout: Optional[float]) -> None:
         """``send`` of a routed key: still one copy, into the envelope."""
@@ -113,14 +116,17 @@ class RemoteAllocation:
     """``alloc`` for a routed key: the buffer is the payload of an outbox
     envelope, so the tensor is still written once, in place."""
 
-    def __init__(self, envelope: Any, head: bytes, payload_off: int, dtype: np.dtype, shape: Tuple[int, ...]) -> None:
+    def __init__(self, envelope: Any, head: bytes, payload_off: int, dtype: np.dtype, shape: Tuple[int, ...],
+                 tensor: bool = False) -> None:
         self._envelope = envelope
         self._head, self._off, self._dtype, self._shape = head, payload_off, dtype, shape
+        self._tensor = tensor
 
-    def __enter__(self) -> np.ndarray:
+    def __enter__(self) -> Any:
         buf = self._envelope.__enter__()
         buf[: len(self._head)] = np.frombuffer(self._head, np.uint8)
-        return outbox.payload_array(buf, self._off, self._dtype, self._shape)
+        arr = outbox.payload_array(buf, self._off, self._dtype, self._shape)
+        return as_tensor(arr) if self._tensor else arr
 
     def __exit__(self, *exc: Any) -> None:
         self._envelope.__exit__(*exc)

@@ -24,7 +24,13 @@ groups of processes on one machine to make each group act as a host of its
 own (see ``shmrdv.torch.hosts``); the tests fake multi-host jobs this way.
 
 Only this package needs torch: ``import shmrdv`` does not load it.
+
+``recv(rdv, key)`` receives a message of a Rendezvous as a torch tensor
+sharing its shared memory (``Rendezvous.recv(..., as_torch=True)``).
 """
+from typing import Any, Optional
+
+import torch
 import torch.distributed as dist
 
 from .backend import BACKEND_NAME, ProcessGroupShmrdv, create_process_group
@@ -34,5 +40,31 @@ from .work import Work
 if not hasattr(dist.Backend, BACKEND_NAME.upper()):  # registered once per process
     dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=False, devices=["cpu"])
 
+
+
+def recv(rdv: Any, key: str, *, timeout: Optional[float] = None, lease: bool = False,
+         writable: Optional[bool] = None) -> torch.Tensor:
+    """The oldest message under ``key`` in ``rdv`` (a ``shmrdv.Rendezvous``)
+    as a torch tensor over the received shared memory: no copy, the sent
+    dtype and shape (torch.bfloat16 for bfloat16), and no warning about
+    read-only arrays. ``timeout`` and ``lease`` as in ``Rendezvous.recv``.
+
+    The tensor is writable: torch has no read-only tensors. ``writable``
+    (None: not ``lease``) says whether writing into it is allowed. An
+    ordinary message is this receiver's alone, so writing into it touches
+    nobody else's data (the sender's tensor is never affected). A leased
+    message goes back to its key if this process dies while the tensor is
+    alive: with ``writable=False`` (the default for ``lease=True``) the
+    tensor is read-only by contract only, and must not be written into;
+    with ``writable=True`` what was written goes back with it.
+
+    The tensor keeps the message alive (and its arena space taken) until it
+    and every tensor sharing its memory are gone: ``.clone()`` it to keep
+    the values longer."""
+    if writable is None:
+        writable = not lease
+    return rdv.recv(key, timeout=timeout, lease=lease, writable=writable, as_torch=True)  # type: ignore[no-any-return]
+
+
 __all__ = ["BACKEND_NAME", "HostPlan", "ProcessGroupShmrdv", "TEST_HOST_ENV", "Work", "create_process_group",
-           "host_identity", "plan_hosts"]
+           "host_identity", "plan_hosts", "recv"]
