@@ -3,6 +3,7 @@ directions, many keys at once, sizes from empty to 256 MiB, a sender that
 exits at once, aborts that cross, and the connect() client."""
 import multiprocessing
 import threading
+import warnings
 import zlib
 
 import numpy as np
@@ -178,6 +179,39 @@ def test_alloc_on_a_routed_key(hosts):
     with hosts.a.alloc(k, (4, 5), np.float32) as buf:
         buf[:] = 7
     assert np.array_equal(hosts.b.recv(k, timeout=30), np.full((4, 5), 7, np.float32))
+
+
+def test_torch_tensors_and_bfloat16_cross(hosts):
+    torch = pytest.importorskip("torch")
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    x = torch.linspace(-2, 2, 12, dtype=torch.bfloat16).reshape(3, 4)
+    k = key(DEV_A, DEV_B, "bf16")
+    hosts.a.send(k, x.t())  # a non-contiguous tensor: through the outbox and both bridges
+    got = hosts.b.recv(k, timeout=30, as_torch=True)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, x.t())
+    k = key(DEV_A, DEV_B, "alloc-bf16")
+    with hosts.a.alloc(k, (2, 2), torch.bfloat16) as buf:
+        assert isinstance(buf, torch.Tensor)
+        buf.fill_(1.5)
+    assert torch.equal(hosts.b.recv(k, timeout=30, as_torch=True), torch.full((2, 2), 1.5, dtype=torch.bfloat16))
+    remote = shmrdv.connect(hosts.bridges[1].url, token=TOKEN)
+    try:
+        w = x.float().requires_grad_(True)
+        remote.send("grad", w)  # its data
+        assert np.array_equal(hosts.b.recv("grad", timeout=10), w.detach().numpy())
+        remote.send("bf16", x)
+        got = hosts.b.recv("bf16", timeout=10)
+        assert got.dtype == bf16 and got.tobytes() == x.view(torch.int16).numpy().tobytes()
+        hosts.b.send("back", x[1:])
+        got = remote.recv("back", timeout=10)  # an ITEM frame of bfloat16
+        assert got.dtype == bf16 and got.tobytes() == x[1:].view(torch.int16).numpy().tobytes()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's own, about complex32
+            half = torch.zeros(2, dtype=torch.complex32)
+        with pytest.raises(shmrdv.InvalidType, match="complex32"):
+            remote.send("bad", half)  # said before anything crosses
+    finally:
+        remote.close()
 
 
 def test_abort_crosses_both_ways(tmp_path):

@@ -470,6 +470,19 @@ def test_bfloat16_without_ml_dtypes_says_what_to_install(rdv, request):
     assert torch.equal(rdv.recv("bf", timeout=5, as_torch=True), torch.ones(3, dtype=torch.bfloat16))
 
 
+@pytest.mark.timeout(60)
+def test_a_bridge_without_ml_dtypes_forwards_bfloat16_by_size(without_ml_dtypes):
+    from shmrdv.bridge import protocol
+
+    dtype = protocol.check_dtype(codec.BF16_CODE)
+    assert dtype is protocol.BF16_STANDIN and dtype.itemsize == 2
+    assert not codec.dtype_sendable(dtype)  # no rendezvous takes it: the receiving bridge refuses the message
+    assert "pip install ml_dtypes" in str(protocol.standin_error("k"))
+    frame = protocol.encode_meta(protocol.Frame.MSG, 1, b"k", b"bfloat16", (3,), 6)
+    meta = protocol.parse_meta(frame[protocol.HEADER.size:], 1 << 20)
+    assert meta.dtype is protocol.BF16_STANDIN and meta.nbytes == 6
+
+
 def test_import_shmrdv_loads_neither_torch_nor_ml_dtypes():
     import subprocess
 

@@ -20,6 +20,7 @@ from .backoff import Backoff
 from .link import LinkSettings, new_origin, open_socket
 from ..errors import Aborted, InvalidArgument, InvalidType, MessageTooLarge, RendezvousError
 from .protocol import Ack, Code, ConnectionLost, Frame, ProtocolError, Role
+from ..codec import as_sendable
 from ..codec import dtype_code as _dtype_code
 from ..codec import key_bytes as _key_bytes
 from ..codec import timeout_ns as _timeout_ns
@@ -133,10 +134,7 @@ class RemoteRendezvous:
         to ``timeout`` seconds (None: the settings' deadline)."""
         kb = _key_bytes(key)
         t = _timeout_ns(timeout)
-        try:
-            arr = np.ascontiguousarray(array)
-        except (TypeError, ValueError) as exc:
-            raise InvalidType(f"cannot send {type(array).__name__}: {exc}") from exc
+        arr = np.ascontiguousarray(as_sendable(array))  # a CPU torch tensor too, as a local send takes
         code = _dtype_code(arr.dtype)
         if arr.nbytes > self.capacity:
             raise protocol_too_large(arr.nbytes, self.capacity)
@@ -242,6 +240,8 @@ class RemoteRendezvous:
                 if kind is not Frame.ITEM:
                     raise ProtocolError(f"expected ITEM or ERROR, got {kind.name}")
                 meta = protocol.parse_meta(body, self.capacity)
+                if meta.dtype is protocol.BF16_STANDIN:
+                    raise protocol.standin_error(key)  # the connection closes: the bridge puts it back
                 out = np.empty(meta.shape, meta.dtype)
                 view = protocol.byte_view(out)
                 filled = 0

@@ -24,8 +24,9 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .. import limits
-from ..codec import dtype_sendable
+from ..codec import BF16_CODE, dtype_sendable
 from ..codec import fit_text
+from ..tensors import BF16_MISSING, bfloat16
 from ..errors import (  # noqa: F401 (AuthenticationError, ConnectionLost, ProtocolError re-exported)
     Aborted,
     AuthenticationError,
@@ -259,14 +260,28 @@ def encode_meta(kind: Frame, stream: int, key: bytes, dtype_code: bytes, shape: 
 
 
 _dtypes: dict = {}  # code -> dtype, for codes that passed the checks below
+BF16_STANDIN = np.dtype([("bfloat16", "<u2")])
+"""What check_dtype gives for bfloat16 on a host without ml_dtypes: two
+bytes an item, enough to move the payload (a bridge forwarding envelopes
+needs no more), and no dtype a rendezvous takes: a receiver that needs the
+real one refuses the message with ``standin_error``."""
+
+
+def standin_error(key: str) -> InvalidType:
+    return InvalidType(f"a bfloat16 message for {key!r} reached a host without ml_dtypes: {BF16_MISSING} there")
 
 
 def check_dtype(code: bytes) -> np.dtype:
     """The dtype a frame or envelope names; ProtocolError unless it is one
-    shmrdv sends (``codec.dtype_sendable``, the core's own rule)."""
+    shmrdv sends (``codec.dtype_sendable``, the core's own rule): its
+    ``dtype.str``, or ``codec.BF16_CODE`` for bfloat16 (``BF16_STANDIN``
+    when ml_dtypes is not installed)."""
     dtype = _dtypes.get(code)
     if dtype is not None:
         return dtype
+    if code == BF16_CODE:
+        dtype = bfloat16()
+        return BF16_STANDIN if dtype is None else _dtypes.setdefault(code, dtype)
     if not 0 < len(code) <= MAX_DTYPE:
         raise ProtocolError(f"dtype of {len(code)} bytes")
     try:

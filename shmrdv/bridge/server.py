@@ -22,6 +22,7 @@ import numpy as np
 
 from . import auth, protocol
 from .dedupe import Origin, Origins
+from ..codec import dtype_code
 from ..errors import Aborted, InvalidArgument, InvalidType, MessageTooLarge, RendezvousError, RendezvousTimeout, TooManyKeys
 from .protocol import Ack, Code, ConnectionLost, Frame, ProtocolError, Role
 from ..rendezvous import Rendezvous
@@ -225,6 +226,8 @@ class Inbound:
         elif meta.nbytes > self._max_message:
             self._refuse(seq, meta.key, meta.nbytes,
                          MessageTooLarge(f"{meta.nbytes} bytes can never fit the {self._max_message}-byte arena here"))
+        elif meta.dtype is protocol.BF16_STANDIN:
+            self._refuse(seq, meta.key, meta.nbytes, protocol.standin_error(meta.key))
         elif self._retry_keys.get(meta.key, seq) != seq:
             self._retry(seq, meta.key, meta.nbytes)  # an earlier message of this key must go first
         else:
@@ -375,7 +378,7 @@ class Inbound:
                 return
             self._handed_out[request] = (key, view)
             self._owed_since = time.monotonic()
-        code = view.dtype.str.encode("ascii")
+        code = dtype_code(view.dtype)
         parts = protocol.message_frames(Frame.ITEM, request, b"", code, view.shape, protocol.byte_view(view))
         try:
             self.send(*parts)
