@@ -117,8 +117,8 @@ def dtype_of(code: bytes) -> np.dtype:
 
 
 
-SEND_ACCEPTS = ("send takes a numpy array, a CPU torch tensor, or an array-like of numbers that numpy turns "
-                "into one (a number, or lists/tuples of numbers nested to a regular shape); its dtype must be "
+SEND_ACCEPTS = ("send takes a numpy array, or an array-like of numbers that numpy turns into one (a number, "
+                "or lists/tuples of numbers nested to a regular shape), or a CPU torch tensor; its dtype must be "
                 "numeric, bool, bfloat16, datetime64, timedelta64 or a fixed-width string")
 
 
