@@ -1093,15 +1093,17 @@ class Rendezvous:
             comp = self._completions = async_recv.Completions(self, self._handle())
         return comp
 
-    def recv_any(self, keys: Any, *, timeout: Optional[float] = None, as_torch: bool = False) -> Tuple[str, Any]:
+    def recv_any(self, keys: Any, *, timeout: Optional[float] = None, writable: bool = False,
+                 as_torch: bool = False) -> Tuple[str, Any]:
         """Take the first message queued under any of ``keys`` (up to 64
         distinct keys), waiting for one up to ``timeout`` seconds (None:
         forever); returns ``(key, view)``. Exactly one message is taken,
         from one key. When several keys have messages, the key tried first
         rotates from call to call, so no key is starved; while waiting, the
-        first send to any of the keys serves it. as_torch=True: the view is
-        a torch tensor (writable: the message is this receiver's alone), as
-        ``recv`` gives."""
+        first send to any of the keys serves it. writable=True: a writable
+        view, as ``recv`` gives (the message is this receiver's alone).
+        as_torch=True: the view is a torch tensor (writable), as ``recv``
+        gives."""
         names, kb, lens = _any_keys(keys)
         tensor = check_as_torch(as_torch, f"recv_any {names!r}")
         t = -1 if timeout is None else _timeout_ns(timeout)
@@ -1115,7 +1117,7 @@ class Rendezvous:
                 rc = self._in_line(lambda ns: lib.rdv_recv_any_start(h, kb, lens, len(names), ns, 0, waiter, which, info),
                                    h, waiter, t, 0, which, info, step)
             if rc == 0:
-                return names[which[0]], self._view(info, False, tensor)
+                return names[which[0]], self._view(info, writable, tensor)
         except BaseException:
             self._leave_line(h, waiter, 0, which, info)
             raise

@@ -92,7 +92,7 @@ class Plan:
             dst = buf[off : off + leaf.nbytes].view(leaf.dtype).reshape(leaf.shape)
             if leaf.rows is not None:
                 for i, row in enumerate(leaf.rows):
-                    np.copyto(dst[i], row, casting="unsafe")
+                    np.copyto(dst[i, ...], row, casting="unsafe")
             else:
                 np.copyto(dst, leaf.whole, casting="unsafe")
 

@@ -108,10 +108,10 @@ class _Workers:
             except Exception:
                 pass  # it is killed below if it does not exit
 
-    def _drain(self) -> None:
-        # Queued results and tasks of this epoch go back to the arena.
+    def _drain(self, tasks: bool) -> None:
+        # Queued results (and, once the workers are gone, tasks) go back to the arena.
         for w in range(len(self.procs)):
-            for key in (result_key(w), task_key(w)):
+            for key in (result_key(w), task_key(w)) if tasks else (result_key(w),):
                 try:
                     while self.rdv.try_recv(key) is not None:
                         pass
@@ -127,7 +127,7 @@ class _Workers:
         self.down = True
         for w in range(len(self.procs)):
             self.stop(w)
-        self._drain()  # a worker waiting for room to write finishes, then reads its stop
+        self._drain(tasks=False)  # a worker waiting for room to write finishes, then reads its stop
         deadline = time.monotonic() + _STOP_WAIT
         for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))
@@ -136,7 +136,7 @@ class _Workers:
                 p.kill()
                 p.join()
             p.close()
-        self._drain()
+        self._drain(tasks=True)
 
 
 class _Epochs:

@@ -110,6 +110,14 @@ class _Trainer:
         return True
 
 
+def _one_thread() -> None:
+    # As torch's workers do: intra-op threads in each of several workers
+    # only fight over the CPUs (and the pool inherited through fork is dead).
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
 def _seed(seed: int, worker_id: int, base: int) -> None:
     # As torch seeds its workers: random and torch with base + id, numpy from
     # a SeedSequence of (id, base) (torch's _generate_state is the same hash).
@@ -226,6 +234,7 @@ class _Channel:
 def run(cfg: Config) -> None:
     """A worker's life: set up as torch does, then serve tasks until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _one_thread()
     trainer = _Trainer(cfg.trainer_pid)
     rdv = Rendezvous(cfg.rdv_name, create=False)
     try:
