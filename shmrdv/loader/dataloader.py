@@ -179,7 +179,7 @@ class _Epochs:
             self.workers.send(w, {"reset": 1})
         for w in range(self.loader.num_workers):
             while True:
-                kind, _task, _meta, _buf = self._recv_from(w)
+                _w, kind, _task, _meta, _buf = self._recv_from(w)
                 if kind == wire.READY:
                     break
 
@@ -233,7 +233,7 @@ class _Epochs:
                 self._check(deadline)
                 continue
             kind, task, meta = wire.read(buf)
-            return kind, task, meta, buf
+            return w, kind, task, meta, buf
 
     def _recv_any(self) -> Any:
         keys = [result_key(w) for w in range(self.loader.num_workers) if self.num_tasks[w] > 0]
@@ -245,7 +245,7 @@ class _Epochs:
                 self._check(deadline)
                 continue
             kind, task, meta = wire.read(buf)
-            return kind, task, meta, buf
+            return int(key[1:]), kind, task, meta, buf
 
     def __next__(self) -> Any:
         if self.error is not None:
@@ -267,10 +267,12 @@ class _Epochs:
                 if not self.loader.persistent_workers:
                     self._close()
                 raise StopIteration
-            kind, task, meta, buf = (self._recv_from(self.task_worker[self.rcvd]) if self.loader.in_order
-                                     else self._recv_any())
+            sender, kind, task, meta, buf = (self._recv_from(self.task_worker[self.rcvd]) if self.loader.in_order
+                                             else self._recv_any())
+            if kind == wire.ERROR and task < 0:  # its worker_init_fn (or its dataset's iter()) failed: it has exited
+                raise self._failed(worker_exception(sender, self.workers.procs[sender].pid, None, meta))
             w = self.task_worker.pop(task, None)
-            if w is None:
+            if w is None or w != sender:
                 raise self._failed(RuntimeError(f"shmrdv.loader: a worker answered task {task}, which is not "
                                                 f"outstanding (a bug: please report it)"))
             self.outstanding -= 1

@@ -16,8 +16,8 @@ key                written by  messages
 =================  ==========  ==============================================
 
 A worker ignores SIGINT (the trainer handles Ctrl-C and stops it) and exits
-by itself once the trainer's process is gone: every wait is in slices that
-check it. Nothing a worker sends is pickled.
+by itself once the trainer's process is gone (a thread waits for that).
+Nothing a worker sends is pickled.
 """
 import json
 import os
@@ -25,18 +25,17 @@ import random
 import select
 import signal
 import sys
+import threading
+import time
 import traceback
 from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from ..errors import RendezvousTimeout
-from ..rendezvous import Rendezvous
+from ..errors import MessageTooLarge
+from ..rendezvous import Rendezvous, unlink_segment
 from . import batch as wire
 from .collate import Leaf, collate, convert
-
-_SLICE = 0.25  # seconds between checks that the trainer is alive
-
 
 def task_key(worker_id: int) -> str:
     return f"t{worker_id}"
@@ -86,28 +85,34 @@ class Config:
         self.worker_init_fn, self.trainer_pid = worker_init_fn, trainer_pid
 
 
-class _Trainer:
-    """Whether the trainer's process still lives (a pidfd, where the kernel has them)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
+def _exit_with_trainer(pid: int, rdv_name: str) -> None:
+    """Exit this process once the trainer's has ended, whatever this process
+    is doing (a dataset stuck in __getitem__ included): a daemon thread
+    blocked on the trainer's pidfd (polling for it where there are none).
+    A trainer killed by a signal could not remove the loader's segment: its
+    workers do (the first to notice; the others find it gone)."""
+    def wait() -> None:
         try:
-            self._poll: Optional[select.poll] = select.poll()
-            self._fd = os.pidfd_open(pid)
-            self._poll.register(self._fd, select.POLLIN)
+            fd = os.pidfd_open(pid)
         except (AttributeError, OSError):
-            self._poll = None
+            fd = -1
+        if fd >= 0:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.poll()  # readable once the process has ended
+        else:
+            while True:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    pass
+                time.sleep(0.5)
+        unlink_segment(rdv_name)
+        os._exit(0)
 
-    def alive(self) -> bool:
-        if self._poll is not None:
-            return not self._poll.poll(0)
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
+    threading.Thread(target=wait, name="shmrdv-loader-trainer-watch", daemon=True).start()
 
 
 def _one_thread() -> None:
@@ -203,42 +208,35 @@ def error_plan(task: int, exc: BaseException) -> wire.Plan:
 
 
 class _Channel:
-    def __init__(self, rdv: Rendezvous, worker_id: int, trainer: _Trainer) -> None:
-        self.rdv, self.trainer = rdv, trainer
+    def __init__(self, rdv: Rendezvous, worker_id: int) -> None:
+        self.rdv = rdv
         self.tasks, self.results = task_key(worker_id), result_key(worker_id)
 
-    def next_task(self) -> Optional[Any]:
-        """The next task message, or None once the trainer is gone."""
-        while True:
-            try:
-                raw = self.rdv.recv(self.tasks, timeout=_SLICE)
-            except RendezvousTimeout:
-                if not self.trainer.alive():
-                    return None
-                continue
-            return json.loads(bytes(raw))
+    def next_task(self) -> Any:
+        return json.loads(bytes(self.rdv.recv(self.tasks)))
 
-    def put(self, plan: wire.Plan) -> bool:
-        """Write plan as the next result (waiting while the arena is full:
-        the trainer holds too many batches); False once the trainer is gone."""
-        while True:
-            try:
-                with self.rdv.alloc(self.results, (plan.nbytes,), np.uint8, timeout=_SLICE) as buf:
-                    plan.write(buf)
-                return True
-            except RendezvousTimeout:
-                if not self.trainer.alive():
-                    return False
+    def put(self, plan: wire.Plan) -> None:
+        """Write plan as the next result, waiting while the arena is full
+        (the trainer holds too many batches)."""
+        try:
+            with self.rdv.alloc(self.results, (plan.nbytes,), np.uint8) as buf:
+                plan.write(buf)
+        except MessageTooLarge:
+            raise MessageTooLarge(f"a batch of {plan.nbytes} bytes does not fit the loader's shared memory "
+                                  f"({self.rdv.capacity} bytes, less what a message needs): pass "
+                                  f"DataLoader(..., shm_size=) of at least {2 * plan.nbytes} bytes "
+                                  f"(room for prefetch_factor * num_workers batches and those "
+                                  f"the trainer keeps)") from None
 
 
 def run(cfg: Config) -> None:
     """A worker's life: set up as torch does, then serve tasks until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _one_thread()
-    trainer = _Trainer(cfg.trainer_pid)
+    _exit_with_trainer(cfg.trainer_pid, cfg.rdv_name)
     rdv = Rendezvous(cfg.rdv_name, create=False)
     try:
-        channel = _Channel(rdv, cfg.worker_id, trainer)
+        channel = _Channel(rdv, cfg.worker_id)
         seed = cfg.seed + cfg.worker_id
         _seed(seed, cfg.worker_id, cfg.seed)
         _set_worker_info(cfg, seed)
@@ -258,13 +256,12 @@ def _serve(channel: _Channel, fetcher: Fetcher) -> None:
     exhausted = False  # END sent: an iterable answers nothing more until a reset, as in torch
     while True:
         msg = channel.next_task()
-        if msg is None or "stop" in msg:
+        if "stop" in msg:
             return
         if "reset" in msg:
             fetcher.reset()
             exhausted = False
-            if not channel.put(wire.Plan(wire.READY, -1, {}, [])):
-                return
+            channel.put(wire.Plan(wire.READY, -1, {}, []))
             continue
         if exhausted:
             continue
@@ -276,8 +273,6 @@ def _serve(channel: _Channel, fetcher: Fetcher) -> None:
         except Exception as exc:
             plan = error_plan(task, exc)
         try:
-            ok = channel.put(plan)
+            channel.put(plan)
         except Exception as exc:  # it does not fit, or a leaf cannot be written
-            ok = channel.put(error_plan(task, exc))
-        if not ok:
-            return
+            channel.put(error_plan(task, exc))

@@ -1,0 +1,154 @@
+"""shmrdv.loader when things go wrong: an exception in a worker (raised in
+the trainer with the worker, the batch and the traceback), a worker killed
+by SIGKILL, a segfault or an exit (raised within a second, naming worker,
+pid, signal and batch), timeout, an unshippable sample, a batch too big for
+the loader's memory, a failing worker_init_fn, Ctrl-C, and the trainer
+itself killed (its workers exit by themselves). Nothing hangs (a timeout on
+every test), nothing leaks, batches already delivered stay valid."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from shmrdv.loader import DataLoader, WorkerDied, WorkerError  # noqa: E402
+from tests import loader_datasets as ds  # noqa: E402
+from tests.test_loader import no_leaks  # noqa: E402,F401  (the same leak checks)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_exception_in_a_worker_is_raised_with_its_traceback(method):
+    loader = DataLoader(ds.Failing("value"), batch_size=None, num_workers=2, multiprocessing_context=method)
+    it = iter(loader)
+    got = [int(next(it)) for _ in range(5)]
+    with pytest.raises(ValueError) as err:
+        next(it)
+    msg = str(err.value)
+    assert "Caught ValueError in DataLoader worker 1 (pid" in msg and "while producing batch 5" in msg
+    assert "sample 5 is broken" in msg and "in fail" in msg and "loader_datasets.py" in msg  # the traceback
+    assert (err.value.worker_id, err.value.batch_index) == (1, 5)
+    assert got + [int(b) for b in it] == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11]  # the epoch goes on, as in torch
+
+
+def test_exception_of_a_type_of_its_own_is_a_worker_error():
+    with pytest.raises(WorkerError, match=r"(?s)Caught DatasetBroke .*custom failure") as err:
+        list(DataLoader(ds.Failing("custom"), batch_size=2, num_workers=1))
+    assert err.value.exc_type == "DatasetBroke" and err.value.batch_index == 2
+
+
+@pytest.mark.parametrize("how,signame", [("sigkill", "SIGKILL"), ("segfault", "SIGSEGV"), ("exit", None)])
+def test_a_dead_worker_is_named_within_a_second(how, signame):
+    loader = DataLoader(ds.Failing(how), batch_size=None, num_workers=2)
+    it = iter(loader)
+    kept = [next(it) for _ in range(5)]
+    start = time.monotonic()
+    with pytest.raises(WorkerDied) as err:
+        next(it)
+    assert time.monotonic() - start < 1.0
+    e = err.value
+    assert e.worker_id == 1 and e.batch_index == 5 and isinstance(e.worker_pid, int)
+    assert f"worker 1 (pid {e.worker_pid})" in str(e) and "while producing batch 5" in str(e)
+    if signame is None:
+        assert e.exitcode == 3 and "exit code 3" in str(e)
+    else:
+        assert e.signal == getattr(signal, signame) and signame in str(e)
+    with pytest.raises(WorkerDied):
+        next(it)  # the iterator stays failed
+    del it, loader
+    assert [int(b) for b in kept] == [0, 1, 2, 3, 4]  # delivered batches stay valid
+
+
+def test_worker_killed_from_outside_while_the_trainer_waits():
+    loader = DataLoader(ds.Failing("hang", bad=1, n=4), batch_size=None, num_workers=2)
+    it = iter(loader)
+    assert int(next(it)) == 0
+    pid = it.workers.procs[1].pid
+    os.kill(pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(WorkerDied, match=f"pid {pid}.*SIGKILL.*batch 1"):
+        next(it)
+    assert time.monotonic() - start < 1.0
+
+
+def test_timeout_like_torch():
+    loader = DataLoader(ds.Slow(30.0), batch_size=None, num_workers=1, timeout=0.3)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"DataLoader timed out after 0.3 seconds"):
+        next(iter(loader))
+    assert time.monotonic() - start < 5
+
+
+def test_unshippable_sample_names_its_type():
+    with pytest.raises(TypeError, match="default_collate: batch must contain"):
+        list(DataLoader(ds.Unshippable(), batch_size=2, num_workers=1))
+    with pytest.raises(TypeError, match=r"cannot ship a builtins.object"):
+        list(DataLoader(ds.Unshippable(), batch_size=None, num_workers=1))
+
+
+def test_a_batch_bigger_than_the_loader_memory_says_shm_size():
+    with pytest.raises(WorkerError, match="shm_size"):
+        list(DataLoader(ds.Big(8 << 20, n=2), batch_size=2, num_workers=1, shm_size=4 << 20))
+
+
+def test_failing_worker_init_fn():
+    with pytest.raises(RuntimeError, match=r"init of worker 0 failed") as err:
+        list(DataLoader(ds.Squares(), batch_size=4, num_workers=1, worker_init_fn=ds.failing_init))
+    assert "with no batch in hand" in str(err.value)
+
+
+def test_ctrl_c_in_the_trainer_stops_the_workers():
+    loader = DataLoader(ds.Slow(30.0), batch_size=None, num_workers=2)
+    it = iter(loader)
+    pids = [p.pid for p in it.workers.procs]
+    old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            next(it)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    del it, loader  # dropping the iterator stops its workers
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_workers_exit_when_the_trainer_is_killed(tmp_path):
+    script = tmp_path / "trainer.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from shmrdv.loader import DataLoader
+        from tests import loader_datasets as ds
+        it = iter(DataLoader(ds.Slow(60.0), batch_size=None, num_workers=2))
+        print(*[p.pid for p in it.workers.procs], it.workers.rdv.name, flush=True)
+        next(it)
+    """))
+    trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        *pids, name = trainer.stdout.readline().split()
+        trainer.kill()
+        trainer.wait(10)
+        deadline = time.monotonic() + 5
+        while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(os.path.exists(f"/proc/{p}") for p in pids), "workers outlived their trainer"
+        assert not os.path.exists(f"/dev/shm/shmrdv-{name}"), "the workers leave the trainer's segment behind"
+    finally:
+        trainer.kill()
+        trainer.wait()
+        for p in pids:
+            try:
+                os.kill(int(p), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        if os.path.exists(f"/dev/shm/shmrdv-{name}"):
+            os.unlink(f"/dev/shm/shmrdv-{name}")
