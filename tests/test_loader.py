@@ -300,3 +300,20 @@ def test_arguments_checked_like_torch():
         DataLoader(ds.Squares(), output="jax")
     with pytest.raises(ValueError, match="shuffle"):
         DataLoader(ds.Shards(), shuffle=True)
+
+
+def test_a_dropped_batch_frees_its_memory_at_once():
+    gc.disable()  # no cycle collector to help: reference counting alone frees a batch
+    try:
+        loader = DataLoader(ds.Nested(), batch_size=4, num_workers=1, prefetch_factor=1)
+        it = iter(loader)
+        batch = next(it)
+        rdv = it.workers.rdv
+        time.sleep(0.5)  # the worker has written the one batch it may be ahead
+        held = rdv.stats().bytes_used
+        del batch
+        assert rdv.stats().bytes_used < held
+        del it, rdv
+        loader.close()
+    finally:
+        gc.enable()

@@ -152,3 +152,15 @@ def test_workers_exit_when_the_trainer_is_killed(tmp_path):
                 pass
         if os.path.exists(f"/dev/shm/shmrdv-{name}"):
             os.unlink(f"/dev/shm/shmrdv-{name}")
+
+
+def test_batches_held_past_the_loader_memory_raise_instead_of_hanging():
+    loader = DataLoader(ds.Big(1 << 20, n=40), batch_size=None, num_workers=2, shm_size=8 << 20)
+    kept = []
+    with pytest.raises(RuntimeError, match=r"(?s)cannot write batch \d+.*full \(8388608 bytes: shm_size\)"):
+        for batch in loader:
+            kept.append(batch)  # a trainer that keeps every batch: the arena fills
+    assert 4 <= len(kept) < 8 and all(float(b[0]) == i for i, b in enumerate(kept))
+    kept.clear()
+    # once they are dropped, the next epoch runs through
+    assert sum(1 for _ in DataLoader(ds.Big(1 << 20, n=40), batch_size=None, num_workers=2, shm_size=8 << 20)) == 40

@@ -153,41 +153,44 @@ def build(buf: np.ndarray, meta: Dict[str, Any], as_torch: bool) -> Any:
     ``as_torch``)."""
     meta_end = HEADER + int(buf[16:20].view("<u4")[0])
     views = _leaf_views(buf, meta.get("leaves", []), meta_end)
-
-    def node(n: Any) -> Any:
-        if not isinstance(n, dict):
-            raise ProtocolError(f"a loader batch's tree has a node that is not an object: {n!r:.200}")
-        t = n.get("t")
-        if t == "a":
-            i = n.get("i")
-            if type(i) is not int or not 0 <= i < len(views):
-                raise ProtocolError(f"a loader batch's tree names leaf {i!r} of {len(views)}")
-            return as_tensor(views[i]) if as_torch and n.get("k") == "T" else views[i]
-        if t == "v":
-            return n.get("v")
-        if t == "b":
-            v = n.get("v")
-            return [_hex(x) for x in v] if isinstance(v, list) else _hex(v)
-        children = n.get("c")
-        if not isinstance(children, list):
-            raise ProtocolError(f"a loader batch's tree node {t!r} has no children list")
-        if t == "l":
-            return [node(c) for c in children]
-        if t in ("d", "o"):
-            keys = n.get("k")
-            if (not isinstance(keys, list) or len(keys) != len(children)
-                    or any(isinstance(k, (list, dict)) for k in keys)):
-                raise ProtocolError("a loader batch's dict has keys and values that do not pair up")
-            pairs = ((k, node(c)) for k, c in zip(keys, children))
-            return dict(pairs) if t == "d" else collections.OrderedDict(pairs)
-        if t == "n":
-            return namedtuple_type(str(n.get("m")), str(n.get("q")))(*(node(c) for c in children))
-        raise ProtocolError(f"a loader batch's tree has a node of unknown type {t!r:.50}")
-
     try:
-        return node(meta.get("tree"))
+        return _node(meta.get("tree"), views, as_torch)
     except RecursionError:
         raise ProtocolError("a loader batch's tree is nested too deeply") from None
+
+
+def _node(n: Any, views: List[np.ndarray], as_torch: bool) -> Any:
+    # A plain recursive function, not a closure: a closure that calls itself
+    # is a reference cycle, and would keep every view of the batch (its
+    # shared memory) alive until the garbage collector's next pass.
+    if not isinstance(n, dict):
+        raise ProtocolError(f"a loader batch's tree has a node that is not an object: {n!r:.200}")
+    t = n.get("t")
+    if t == "a":
+        i = n.get("i")
+        if type(i) is not int or not 0 <= i < len(views):
+            raise ProtocolError(f"a loader batch's tree names leaf {i!r} of {len(views)}")
+        return as_tensor(views[i]) if as_torch and n.get("k") == "T" else views[i]
+    if t == "v":
+        return n.get("v")
+    if t == "b":
+        v = n.get("v")
+        return [_hex(x) for x in v] if isinstance(v, list) else _hex(v)
+    children = n.get("c")
+    if not isinstance(children, list):
+        raise ProtocolError(f"a loader batch's tree node {t!r} has no children list")
+    if t == "l":
+        return [_node(c, views, as_torch) for c in children]
+    if t in ("d", "o"):
+        keys = n.get("k")
+        if (not isinstance(keys, list) or len(keys) != len(children)
+                or any(isinstance(k, (list, dict)) for k in keys)):
+            raise ProtocolError("a loader batch's dict has keys and values that do not pair up")
+        pairs = ((k, _node(c, views, as_torch)) for k, c in zip(keys, children))
+        return dict(pairs) if t == "d" else collections.OrderedDict(pairs)
+    if t == "n":
+        return namedtuple_type(str(n.get("m")), str(n.get("q")))(*(_node(c, views, as_torch) for c in children))
+    raise ProtocolError(f"a loader batch's tree has a node of unknown type {t!r:.50}")
 
 
 def _hex(text: Any) -> bytes:

@@ -31,12 +31,14 @@ from . import sampling
 from .collate import Leaf, collate, convert
 from .failures import worker_died, worker_exception
 from .progress import Progress
-from .worker import Config, Fetcher, encode_json, result_key, run, task_key
+from ..limits import MAX_MARKS
+from .worker import ROOM_WANTED, Config, Fetcher, encode_json, result_key, run, task_key
 
 DEFAULT_SHM_SIZE = 256 << 20
 """Bytes of shared memory a loader with workers reserves (``shm_size``)."""
 _SLICE = 0.1  # seconds: how soon a dead worker or a timeout is noticed
 _STOP_WAIT = 2.0  # seconds a stopping worker gets before it is killed
+_FULL_GRACE = 2.0  # seconds a worker we wait for may lack room before that is an error
 
 
 def _jsonable_index(index: Any) -> Any:
@@ -150,6 +152,7 @@ class _Epochs:
         self.workers = _Workers(loader, loader._shm(), self.seed)
         self._finalizer = weakref.finalize(self, self.workers.shutdown)
         self.error: Optional[BaseException] = None
+        self.full_since: Optional[float] = None  # since when a worker we wait for has had no room
         self.progress: Optional[Progress] = None
         self.reset(first=True)
 
@@ -212,7 +215,11 @@ class _Epochs:
         self._close()
         return err
 
-    def _check(self, deadline: Optional[float]) -> None:
+    def _check(self, deadline: Optional[float], waiting_for: List[int]) -> None:
+        """Between two slices of a wait for one of ``waiting_for``'s batches:
+        a dead worker, the timeout, or a worker that cannot write its batch
+        because the arena is full (nothing can free it while we wait) raise."""
+        self._check_room(waiting_for)
         w = self.workers.dead()
         if w is not None:
             p = self.workers.procs[w]
@@ -220,6 +227,27 @@ class _Epochs:
             raise self._failed(worker_died(w, p.pid, min(mine) if mine else None, p.exitcode))
         if deadline is not None and time.monotonic() >= deadline:
             raise self._failed(RuntimeError(f"DataLoader timed out after {self.loader.timeout} seconds"))
+
+    def _check_room(self, waiting_for: List[int]) -> None:
+        rdv = self.workers.rdv
+        for w in waiting_for:
+            if w >= MAX_MARKS:
+                continue
+            mark, nbytes, task = rdv.mark(w)
+            if mark != ROOM_WANTED:
+                continue
+            if self.full_since is None:
+                self.full_since = time.monotonic()
+            elif time.monotonic() - self.full_since >= _FULL_GRACE:
+                raise self._failed(RuntimeError(
+                    f"DataLoader worker {w} cannot write batch {task}: it has waited "
+                    f"{time.monotonic() - self.full_since:.0f} s for {nbytes} bytes of the loader's shared memory, "
+                    f"which is full ({rdv.capacity} bytes: shm_size) of batches this process holds or has not "
+                    f"taken yet, and none will come back while it waits. Drop batches you no longer need, or "
+                    f"pass a larger shm_size= (room for prefetch_factor * num_workers = "
+                    f"{self.loader.prefetch_factor * self.loader.num_workers} batches and those you keep)"))
+            return
+        self.full_since = None
 
     def _deadline(self) -> Optional[float]:
         return time.monotonic() + self.loader.timeout if self.loader.timeout > 0 else None
@@ -230,20 +258,23 @@ class _Epochs:
             try:
                 buf = rdv.recv(key, timeout=_SLICE, writable=True)
             except RendezvousTimeout:
-                self._check(deadline)
+                self._check(deadline, [w])
                 continue
+            self.full_since = None
             kind, task, meta = wire.read(buf)
             return w, kind, task, meta, buf
 
     def _recv_any(self) -> Any:
-        keys = [result_key(w) for w in range(self.loader.num_workers) if self.num_tasks[w] > 0]
+        busy = [w for w in range(self.loader.num_workers) if self.num_tasks[w] > 0]
+        keys = [result_key(w) for w in busy]
         rdv, deadline = self.workers.rdv, self._deadline()
         while True:
             try:
                 key, buf = rdv.recv_any(keys, timeout=_SLICE, writable=True)
             except RendezvousTimeout:
-                self._check(deadline)
+                self._check(deadline, busy)
                 continue
+            self.full_since = None
             kind, task, meta = wire.read(buf)
             return int(key[1:]), kind, task, meta, buf
 

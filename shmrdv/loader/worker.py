@@ -32,10 +32,15 @@ from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from ..errors import MessageTooLarge
+from ..errors import MessageTooLarge, RendezvousTimeout
+from ..limits import MAX_MARKS
 from ..rendezvous import Rendezvous, unlink_segment
 from . import batch as wire
 from .collate import Leaf, collate, convert
+
+ROOM_WANTED = 1  # a worker's producer mark id while it waits for room in the arena
+_ROOM_PATIENCE = 0.2  # seconds of waiting for room before it says so
+
 
 def task_key(worker_id: int) -> str:
     return f"t{worker_id}"
@@ -209,7 +214,7 @@ def error_plan(task: int, exc: BaseException) -> wire.Plan:
 
 class _Channel:
     def __init__(self, rdv: Rendezvous, worker_id: int) -> None:
-        self.rdv = rdv
+        self.rdv, self.worker_id = rdv, worker_id
         self.tasks, self.results = task_key(worker_id), result_key(worker_id)
 
     def next_task(self) -> Any:
@@ -217,10 +222,27 @@ class _Channel:
 
     def put(self, plan: wire.Plan) -> None:
         """Write plan as the next result, waiting while the arena is full
-        (the trainer holds too many batches)."""
+        (the trainer holds too many batches). A wait longer than a moment
+        is shown in this worker's producer mark, ``(ROOM_WANTED, bytes,
+        task)``, for the trainer to tell a full arena from a slow worker."""
         try:
-            with self.rdv.alloc(self.results, (plan.nbytes,), np.uint8) as buf:
+            try:
+                alloc = self.rdv.alloc(self.results, (plan.nbytes,), np.uint8, timeout=_ROOM_PATIENCE)
+                buf = alloc.open()
+            except RendezvousTimeout:
+                shown = self.worker_id < MAX_MARKS
+                if shown:
+                    self.rdv.set_mark(self.worker_id, ROOM_WANTED, plan.nbytes, max(plan.task, 0))
+                alloc = self.rdv.alloc(self.results, (plan.nbytes,), np.uint8)
+                buf = alloc.open()
+                if shown:
+                    self.rdv.set_mark(self.worker_id, 0, 0, 0)
+            try:
                 plan.write(buf)
+            except BaseException:
+                alloc.discard()
+                raise
+            alloc.publish()
         except MessageTooLarge:
             raise MessageTooLarge(f"a batch of {plan.nbytes} bytes does not fit the loader's shared memory "
                                   f"({self.rdv.capacity} bytes, less what a message needs): pass "
