@@ -368,6 +368,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measure shmrdv.Group's collectives against Open MPI (mpi4py) and gloo instead")
     parser.add_argument("--world-size", type=int, default=2, metavar="N",
                         help="ranks of the --collectives run (default 2: one per CPU on a 2-CPU machine)")
+    parser.add_argument("--loader", action="store_true",
+                        help="measure shmrdv.loader.DataLoader against torch's DataLoader instead (needs torch; "
+                             "about two minutes, seconds with --smoke)")
 
 
 class OptionsError(ValueError):
@@ -425,10 +428,16 @@ def run(args: argparse.Namespace) -> int:
         folder = os.path.dirname(os.path.abspath(path)) if path else None
         if folder and not os.access(folder, os.W_OK):  # found out now, not after the measurements
             raise OptionsError(f"{option} {path}: cannot write in {folder}")
+    if args.collectives and args.loader:
+        raise OptionsError("--collectives and --loader exclude each other")
     if args.collectives:
         from .collectives import run_command
 
         return run_command(args)
+    if args.loader:
+        from .loader import run_command as run_loader
+
+        return run_loader(args)
     if args.from_json:
         results = _load_results(args.from_json)
         print(markdown(results))
