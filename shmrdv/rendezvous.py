@@ -72,7 +72,8 @@ def _arena_size(size: object) -> int:
     return size
 
 
-def _private_name() -> str:
+def private_name() -> str:
+    """A name for a private rendezvous of this process: private-PID-RANDOM."""
     return f"private-{os.getpid()}-{os.urandom(6).hex()}"  # not secrets: it loads hmac
 
 
@@ -501,7 +502,7 @@ class Rendezvous:
         if private:
             if create is False:
                 raise InvalidArgument("Rendezvous() with no name creates a private rendezvous: create=False needs a name")
-            name, create = _private_name(), True
+            name, create = private_name(), True
         name = checked_name(name, "name", lib.RDV_NAME_MAX)
         if create not in (None, True, False):
             raise InvalidType(f"create must be None, True or False, not {create!r}")

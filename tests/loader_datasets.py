@@ -183,3 +183,4 @@ class InitSeen(Dataset):
 
 def failing_init(worker_id: int) -> None:
     raise RuntimeError(f"init of worker {worker_id} failed")
+

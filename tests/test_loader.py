@@ -22,6 +22,7 @@ from torch.utils.data import BatchSampler, DataLoader as TorchLoader, Sequential
 
 from shmrdv.loader import DataLoader  # noqa: E402
 from tests import loader_datasets as ds  # noqa: E402
+from tests.loader_late_torch import LateTorch  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -317,3 +318,24 @@ def test_a_dropped_batch_frees_its_memory_at_once():
         loader.close()
     finally:
         gc.enable()
+
+
+def test_close_stops_the_workers_of_a_live_iterator():
+    loader = DataLoader(ds.Squares(), batch_size=4, num_workers=2)
+    it = iter(loader)
+    kept = next(it)
+    pids = [p.pid for p in it.workers.procs]
+    loader.close()
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+    with pytest.raises(RuntimeError, match="closed"):
+        next(it)
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(loader)
+    assert kept[1].tolist() == [0, 1, 2, 3]  # delivered batches stay valid
+
+
+def test_a_worker_whose_dataset_imports_torch_late_is_torch_s_worker():
+    # the dataset's module imports no torch; its __getitem__ does, in a spawned worker
+    out = list(DataLoader(LateTorch(), batch_size=None, num_workers=2, multiprocessing_context="spawn"))
+    theirs = list(TorchLoader(LateTorch(), batch_size=None, num_workers=2, multiprocessing_context="spawn"))
+    assert [o[:2] for o in out] == [t[:2] for t in theirs] == [[0, 1], [1, 1], [0, 1], [1, 1]]

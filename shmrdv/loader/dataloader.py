@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import numpy as np
 
 from ..errors import InvalidArgument, RendezvousTimeout
-from ..rendezvous import Rendezvous
+from ..rendezvous import Rendezvous, private_name, unlink_segment
 from ..tensors import is_tensor
 from . import batch as wire
 from . import sampling
@@ -74,25 +74,32 @@ class _Workers:
     """The worker processes of one loader (persistent) or one epoch, and
     their channels in the loader's rendezvous."""
 
-    def __init__(self, loader: "DataLoader", rdv: Rendezvous, seed: int) -> None:
-        self.rdv = rdv
+    def __init__(self, loader: "DataLoader", resources: "_Resources", seed: int) -> None:
         self.procs: List[Any] = []
         self.stopped = [False] * loader.num_workers
         self.down = False
         ctx = _context(loader.multiprocessing_context)
+        # A spawned (or forkserver) worker takes a while to start: the arena
+        # is reserved meanwhile, and the worker attaches once it exists. A
+        # forked one starts at once and finds it made.
+        early = ctx.get_start_method() != "fork"
+        self.rdv = None if early else resources.arena(loader.shm_size)
         try:
             for w in range(loader.num_workers):
-                cfg = Config(rdv.name, w, loader.num_workers, loader.dataset, loader._iterable,
+                cfg = Config(resources.name, w, loader.num_workers, loader.dataset, loader._iterable,
                              loader._auto_collation, loader.collate_fn, loader.drop_last, seed,
                              loader.worker_init_fn, os.getpid())
                 p = ctx.Process(target=run, args=(cfg,), name=f"shmrdv-loader-worker-{w}", daemon=True)
                 p.start()
                 self.procs.append(p)
+            self.rdv = resources.arena(loader.shm_size)
         except BaseException:
             self.shutdown()
             raise
+        resources.workers.add(self)
 
     def send(self, w: int, msg: Dict[str, Any]) -> None:
+        assert self.rdv is not None
         self.rdv.send(task_key(w), encode_json(msg))
 
     def dead(self) -> Optional[int]:
@@ -112,6 +119,8 @@ class _Workers:
 
     def _drain(self, tasks: bool) -> None:
         # Queued results (and, once the workers are gone, tasks) go back to the arena.
+        if self.rdv is None or self.rdv.closed:
+            return
         for w in range(len(self.procs)):
             for key in (result_key(w), task_key(w)) if tasks else (result_key(w),):
                 try:
@@ -149,7 +158,7 @@ class _Epochs:
         self.loader = loader
         self.sampler_iter = iter(loader._index_sampler)
         self.seed = sampling.base_seed(loader.generator, loader._torch_order)
-        self.workers = _Workers(loader, loader._shm(), self.seed)
+        self.workers = _Workers(loader, loader._resources, self.seed)
         self._finalizer = weakref.finalize(self, self.workers.shutdown)
         self.error: Optional[BaseException] = None
         self.full_since: Optional[float] = None  # since when a worker we wait for has had no room
@@ -283,6 +292,9 @@ class _Epochs:
             raise self.error
         if self.done:
             raise StopIteration
+        if self.workers.down:
+            raise RuntimeError("this DataLoader was closed (close(), or the loader deleted) while iterating: "
+                               "its workers are stopped; batches already received stay valid")
         while True:
             while self.rcvd < self.sent:
                 w = self.task_worker.get(self.rcvd)
@@ -366,21 +378,28 @@ class _InProcess:
 
 
 class _Resources:
-    """What a loader owns beyond its arguments: its rendezvous and its
-    persistent workers, released by ``close`` or when the loader is
-    collected (a finalizer that holds no reference to the loader)."""
+    """What a loader owns beyond its arguments: its rendezvous (named before
+    it exists, so that workers can start first) and the workers of its live
+    iterators, released by ``close`` or when the loader is collected (a
+    finalizer that holds no reference to the loader)."""
 
     def __init__(self) -> None:
+        self.name = private_name()
         self.rdv: Optional[Rendezvous] = None
-        self.workers: Optional[_Workers] = None
+        self.workers: "weakref.WeakSet[_Workers]" = weakref.WeakSet()
+
+    def arena(self, size: int) -> Rendezvous:
+        if self.rdv is None:
+            self.rdv = Rendezvous(self.name, size=size, create=True)
+        return self.rdv
 
     def release(self) -> None:
-        workers, self.workers = self.workers, None
-        if workers is not None:
+        for workers in list(self.workers):
             workers.shutdown()
         rdv, self.rdv = self.rdv, None
         if rdv is not None:
             rdv.close()
+            unlink_segment(self.name)
 
 
 class DataLoader:
@@ -483,13 +502,9 @@ class DataLoader:
     def _index_sampler(self) -> Any:
         return self.batch_sampler if self._auto_collation else self.sampler
 
-    def _shm(self) -> Rendezvous:
-        res = self._resources
-        if res.rdv is None:
-            res.rdv = Rendezvous(size=self.shm_size)
-        return res.rdv
-
     def __iter__(self) -> Iterator[Any]:
+        if not self._closer.alive:
+            raise RuntimeError("this DataLoader is closed: make a new one")
         if self.num_workers == 0:
             return _InProcess(self)
         if not self.persistent_workers:
@@ -498,7 +513,6 @@ class DataLoader:
             # The iterator sees the loader through a weak proxy: no cycle
             # keeps a deleted loader, and its workers, alive.
             self._persistent = _Epochs(weakref.proxy(self))
-            self._resources.workers = self._persistent.workers
         else:
             self._persistent.reset()
         return self._persistent

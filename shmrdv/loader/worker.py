@@ -19,6 +19,8 @@ A worker ignores SIGINT (the trainer handles Ctrl-C and stops it) and exits
 by itself once the trainer's process is gone (a thread waits for that).
 Nothing a worker sends is pickled.
 """
+import importlib.abc
+import importlib.util
 import json
 import os
 import random
@@ -40,6 +42,7 @@ from .collate import Leaf, collate, convert
 
 ROOM_WANTED = 1  # a worker's producer mark id while it waits for room in the arena
 _ROOM_PATIENCE = 0.2  # seconds of waiting for room before it says so
+_ATTACH_WAIT = 60.0  # seconds a worker waits for the trainer to create the loader's rendezvous
 
 
 def task_key(worker_id: int) -> str:
@@ -120,36 +123,63 @@ def _exit_with_trainer(pid: int, rdv_name: str) -> None:
     threading.Thread(target=wait, name="shmrdv-loader-trainer-watch", daemon=True).start()
 
 
-def _one_thread() -> None:
-    # As torch's workers do: intra-op threads in each of several workers
-    # only fight over the CPUs (and the pool inherited through fork is dead).
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(1)
-
-
 def _seed(seed: int, worker_id: int, base: int) -> None:
-    # As torch seeds its workers: random and torch with base + id, numpy from
-    # a SeedSequence of (id, base) (torch's _generate_state is the same hash).
+    # As torch seeds its workers: random with base + id, numpy from a
+    # SeedSequence of (id, base) (torch's _generate_state is the same hash);
+    # torch itself in _torch_worker.
     random.seed(seed)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.manual_seed(seed)
     state = np.random.SeedSequence([worker_id, base & 0xFFFFFFFF, base >> 32, 0]).generate_state(4)
     np.random.seed(state)
 
 
+def _torch_worker(torch: Any, cfg: Config, seed: int) -> None:
+    """Make this process a torch worker as torch's DataLoader makes its own:
+    one intra-op thread (several workers' thread pools only fight over the
+    CPUs, and one inherited through fork is dead), torch's generator seeded
+    with base + id, and torch's get_worker_info() answering."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    torch_worker._worker_info = torch_worker.WorkerInfo(id=cfg.worker_id, num_workers=cfg.num_workers, seed=seed,
+                                                        dataset=cfg.dataset)
+
+
+class _WhenImported(importlib.abc.MetaPathFinder):
+    """Runs ``then(module)`` once module ``name`` has been imported, for a
+    dataset that imports torch only when it first needs it: the worker is
+    made torch's then, without importing torch (a second or more) into
+    workers whose datasets never use it."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, then = spec.loader, self.then
+        exec_module = loader.exec_module
+
+        def exec_then(module: Any) -> None:
+            exec_module(module)
+            then(module)
+
+        loader.exec_module = exec_then  # type: ignore[method-assign]
+        return spec
+
+
 def _set_worker_info(cfg: Config, seed: int) -> None:
     global _worker_info
+    _worker_info = WorkerInfo(cfg.worker_id, cfg.num_workers, seed, cfg.dataset)
     torch = sys.modules.get("torch")
     if torch is not None:
-        from torch.utils.data._utils import worker as torch_worker
-
-        _worker_info = torch_worker.WorkerInfo(id=cfg.worker_id, num_workers=cfg.num_workers, seed=seed,
-                                               dataset=cfg.dataset)
-        torch_worker._worker_info = _worker_info
+        _torch_worker(torch, cfg, seed)
     else:
-        _worker_info = WorkerInfo(cfg.worker_id, cfg.num_workers, seed, cfg.dataset)
+        sys.meta_path.insert(0, _WhenImported("torch", lambda module: _torch_worker(module, cfg, seed)))
 
 
 class Fetcher:
@@ -251,12 +281,24 @@ class _Channel:
                                   f"the trainer keeps)") from None
 
 
+def _attach(name: str) -> Rendezvous:
+    """The loader's rendezvous, which the trainer may still be creating
+    (spawned workers start first); the wait ends with the trainer (above)."""
+    deadline = time.monotonic() + _ATTACH_WAIT
+    while True:
+        try:
+            return Rendezvous(name, create=False)
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.002)
+
+
 def run(cfg: Config) -> None:
     """A worker's life: set up as torch does, then serve tasks until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _one_thread()
     _exit_with_trainer(cfg.trainer_pid, cfg.rdv_name)
-    rdv = Rendezvous(cfg.rdv_name, create=False)
+    rdv = _attach(cfg.rdv_name)
     try:
         channel = _Channel(rdv, cfg.worker_id)
         seed = cfg.seed + cfg.worker_id
