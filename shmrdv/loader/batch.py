@@ -16,7 +16,8 @@ offset  bytes  field
 24      M      meta, UTF-8 JSON: for a batch ``{"tree": node, "leaves":
                [[dtype code, shape, offset], ...]}`` (nodes: ``collate.py``);
                for an error ``{"type", "module", "message", "traceback"}``
-...            each leaf's bytes, C order, at its offset (a multiple of 64)
+D       ...    the data: D is 24 + M rounded up to 64; each leaf's bytes, C
+               order, at D + its offset (a multiple of 64)
 ======  =====  ===============================================================
 
 The worker writes it with ``alloc`` (each sample's rows copied once, into
@@ -28,6 +29,7 @@ reads outside its block.
 """
 import collections
 import json
+import struct
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
@@ -49,45 +51,37 @@ def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-class Plan:
-    """A message ready to be written: its meta, each leaf's offset, its size."""
+_HEAD = struct.Struct("<4sBBHqII")  # the header above
+_JSON = json.JSONEncoder(separators=(",", ":"))
 
-    __slots__ = ("kind", "task", "meta", "leaves", "offsets", "nbytes")
+
+class Plan:
+    """A message ready to be written: its header and meta, each leaf's
+    offset, its size."""
+
+    __slots__ = ("kind", "task", "head", "leaves", "offsets", "nbytes")
 
     def __init__(self, kind: int, task: int, meta: Dict[str, Any], leaves: List[Leaf]) -> None:
         offsets = []
-        table = []
-        # The meta names the offsets, which follow the meta: lay the leaves
-        # out after a first guess of its size, and again if it grew past it.
-        start = HEADER
-        while True:
-            pos = _round_up(start, ALIGN)
-            offsets.clear()
-            table.clear()
+        if leaves:
+            table = []
+            pos = 0
             for leaf in leaves:
                 offsets.append(pos)
                 table.append([dtype_code(leaf.dtype).decode("ascii"), list(leaf.shape), pos])
                 pos = _round_up(pos + leaf.nbytes, ALIGN)
-            if leaves:
-                meta = dict(meta, leaves=table)
-            encoded = json.dumps(meta, separators=(",", ":"), allow_nan=True).encode("utf-8")
-            if HEADER + len(encoded) <= _round_up(start, ALIGN) or not leaves:
-                break
-            start = HEADER + len(encoded)
-        self.kind, self.task, self.meta, self.leaves, self.offsets = kind, task, encoded, leaves, offsets
-        end = HEADER + len(encoded)
-        self.nbytes = max(end, pos) if leaves else end
+            meta = dict(meta, leaves=table)
+        encoded = _JSON.encode(meta).encode("utf-8")
+        self.head = _HEAD.pack(MAGIC, VERSION, kind, 0, task, len(encoded), 0) + encoded
+        start = _round_up(len(self.head), ALIGN)
+        self.kind, self.task, self.leaves = kind, task, leaves
+        self.offsets = [start + off for off in offsets]
+        self.nbytes = start + pos if leaves else len(self.head)
 
     def write(self, buf: np.ndarray) -> None:
         """Write the message into ``buf`` (uint8, at least ``nbytes`` long):
         every leaf's sources are copied once, into place."""
-        head = buf[:HEADER]
-        head[:] = 0
-        head[0:4] = np.frombuffer(MAGIC, np.uint8)
-        head[4], head[5] = VERSION, self.kind
-        head[8:16].view("<i8")[0] = self.task
-        head[16:20].view("<u4")[0] = len(self.meta)
-        buf[HEADER : HEADER + len(self.meta)] = np.frombuffer(self.meta, np.uint8)
+        buf[: len(self.head)] = np.frombuffer(self.head, np.uint8)
         for leaf, off in zip(self.leaves, self.offsets):
             dst = buf[off : off + leaf.nbytes].view(leaf.dtype).reshape(leaf.shape)
             if leaf.rows is not None:
@@ -106,13 +100,14 @@ def batch_plan(task: int, tree: Any, leaves: List[Leaf]) -> Plan:
 def read(buf: np.ndarray) -> Tuple[int, int, Dict[str, Any]]:
     """(kind, task index, meta) of a received message, checked."""
     n = len(buf)
-    if n < HEADER or bytes(buf[0:4]) != MAGIC:
+    if n < HEADER:
+        raise ProtocolError(f"a loader worker's message of {n} bytes is shorter than its header")
+    magic, version, kind, _, task, meta_len, _ = _HEAD.unpack(bytes(buf[:HEADER]))
+    if magic != MAGIC:
         raise ProtocolError(f"a loader worker's message of {n} bytes does not start with {MAGIC!r}")
-    if buf[4] != VERSION or buf[5] not in (BATCH, ERROR, END, READY):
-        raise ProtocolError(f"a loader worker's message has version {buf[4]} and kind {buf[5]}: "
+    if version != VERSION or kind not in (BATCH, ERROR, END, READY):
+        raise ProtocolError(f"a loader worker's message has version {version} and kind {kind}: "
                             f"this trainer reads version {VERSION}, kinds 1-4")
-    task = int(buf[8:16].view("<i8")[0])
-    meta_len = int(buf[16:20].view("<u4")[0])
     if meta_len > n - HEADER:
         raise ProtocolError(f"a loader worker's message says its meta is {meta_len} bytes, "
                             f"but the message is {n} bytes")
@@ -122,10 +117,10 @@ def read(buf: np.ndarray) -> Tuple[int, int, Dict[str, Any]]:
         raise ProtocolError(f"a loader worker's message has unreadable meta: {exc}") from None
     if not isinstance(meta, dict):
         raise ProtocolError("a loader worker's message has meta that is not a JSON object")
-    return int(buf[5]), task, meta
+    return kind, task, meta
 
 
-def _leaf_views(buf: np.ndarray, table: Any, meta_end: int) -> List[np.ndarray]:
+def _leaf_views(buf: np.ndarray, table: Any, start: int) -> List[np.ndarray]:
     if not isinstance(table, list) or len(table) > _MAX_LEAVES:
         raise ProtocolError("a loader batch's leaf table is not a list of at most 65536 entries")
     views = []
@@ -140,7 +135,8 @@ def _leaf_views(buf: np.ndarray, table: Any, meta_end: int) -> List[np.ndarray]:
         nbytes = dtype.itemsize
         for d in shape:
             nbytes *= d
-        if off < meta_end or off % ALIGN or off + nbytes > len(buf):
+        off += start
+        if off < start or off % ALIGN or off + nbytes > len(buf):
             raise ProtocolError(f"a loader batch's leaf of {nbytes} bytes at offset {off} lies outside "
                                 f"the {len(buf)} bytes of its message")
         views.append(buf[off : off + nbytes].view(dtype).reshape(shape))
@@ -151,8 +147,8 @@ def build(buf: np.ndarray, meta: Dict[str, Any], as_torch: bool) -> Any:
     """The batch a BATCH message holds: its structure, with views of ``buf``
     for its arrays (torch tensors where the worker had or made tensors, if
     ``as_torch``)."""
-    meta_end = HEADER + int(buf[16:20].view("<u4")[0])
-    views = _leaf_views(buf, meta.get("leaves", []), meta_end)
+    start = _round_up(HEADER + int(buf[16:20].view("<u4")[0]), ALIGN)
+    views = _leaf_views(buf, meta.get("leaves", []), start)
     try:
         return _node(meta.get("tree"), views, as_torch)
     except RecursionError:

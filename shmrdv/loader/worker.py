@@ -340,3 +340,7 @@ def _serve(channel: _Channel, fetcher: Fetcher) -> None:
             channel.put(plan)
         except Exception as exc:  # it does not fit, or a leaf cannot be written
             channel.put(error_plan(task, exc))
+        # The samples go now, not when the next task's replace them: the
+        # allocator then reuses their memory (two big buffers alive at once
+        # make glibc give memory back and fault it in again, every batch).
+        del plan
