@@ -56,6 +56,7 @@ import multiprocessing
 import signal
 import statistics
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -558,7 +559,8 @@ def plot(results: Dict[str, Any], path: str) -> None:
         ax.set_ylim(0, max(medians or [1]) * 1.2)
         ax.set_ylabel("batches/s, median and range")
     ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([f"{r['case']}\n({_size(r['batch_bytes'])} per batch)" for r in rows], fontsize=9)
+    ax.set_xticklabels([f"{textwrap.fill(r['case'], 14)}\n({_size(r['batch_bytes'])} per batch)" for r in rows],
+                       fontsize=9)
     m = results.get("machine", {})
     ax.set_title(f"DataLoader throughput, {WORKERS} workers (higher is better)\n{m.get('cpu')}, {m.get('cpus')} CPUs, "
                  f"torch {results.get('torch')}" + (" — smoke run" if results.get("smoke") else ""), fontsize=10)
