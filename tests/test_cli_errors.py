@@ -239,8 +239,8 @@ def test_a_killed_peer_interrupts_a_stream(transport):
     with pytest.raises((bench.ChildFailed, EOFError)) as failed:
         with peer:
             peer.resize(64)
+            start = time.monotonic()  # before the kill: its SIGCHLD may interrupt the very next line
             os.kill(peer._child.pid, signal.SIGKILL)
-            start = time.monotonic()
             peer.stream(10_000_000)  # would take minutes; its child is gone
     assert time.monotonic() - start < 20
     # ChildFailed, or the EOF of the dead child's pipe with the reason kept behind it
