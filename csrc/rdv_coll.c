@@ -176,20 +176,26 @@ static rdv_group_t *new_handle(uint8_t *base, uint64_t len, int lock_fd, uint32_
     return g;
 }
 
-int rdv_coll_creator_alive(int fd, uint32_t *pid) {
+int rdv_coll_creator_alive(int fd, int closed_counts, uint32_t *pid) {
     *pid = 0;
-    if (!rdv_byte_locked_by_other(fd, RDV_COLL_LIVE_BYTE(0)))
-        return 0;
+    int locked = rdv_byte_locked_by_other(fd, RDV_COLL_LIVE_BYTE(0));
+    uint32_t state = 0;
     if (rdv_file_size(fd) >= (int64_t)(2 * RDV_COLL_PAGE)) {
         int err;
         const uint8_t *p = rdv_map_readonly(fd, 2 * RDV_COLL_PAGE, &err);
         if (p) {
+            const struct rdv_coll_rank *r0 = (const struct rdv_coll_rank *)(p + RDV_COLL_PAGE);
             /* relaxed: a pid for a message, written before rank 0's JOINED */
-            *pid = READ_ONCE(((const struct rdv_coll_rank *)(p + RDV_COLL_PAGE))->pid);
+            *pid = READ_ONCE(r0->pid);
+            /* acquire: pairs with rdv_coll_leave's release of CLOSED, made
+             * before it dropped the lock we found free */
+            state = smp_load_acquire(&r0->state);
             rdv_unmap(p, 2 * RDV_COLL_PAGE);
         }
     }
-    return 1;
+    /* A rank 0 that left normally (CLOSED) was a live member: a caller that
+     * has just joined is in its group, not in a killed job's. */
+    return locked || (closed_counts && state == RDV_COLL_RANK_CLOSED);
 }
 
 /* Map an existing group segment whose header agrees with ours. */

@@ -304,9 +304,12 @@ struct rdv_coll_status {
  * join completed the group (it removes the name). */
 int rdv_coll_open(int fd, int create, uint32_t world, uint32_t rank, uint64_t slot_bytes,
                   rdv_group_t **out, uint32_t *last);
-/* Whether a live process holds rank 0 of the group in fd (it was created
- * by a job still running): 1, with its pid when it has written it, or 0. */
-int rdv_coll_creator_alive(int fd, uint32_t *pid);
+/* Whether the group in fd was created by a job still running: a live
+ * process holds rank 0, or, with closed_counts, rank 0 left it normally
+ * (for a rank that has just joined: a fast rank 0 may finish its calls and
+ * close between that join and this check): 1, with rank 0's pid when it
+ * has written it, or 0. */
+int rdv_coll_creator_alive(int fd, int closed_counts, uint32_t *pid);
 /* Wait for every rank to have joined: 0, or -EINPROGRESS when a slice of
  * the wait (50 ms at most) ended first: call again (rdv_coll_status's
  * missing: who has not joined). Other returns as rdv_coll_run's. */

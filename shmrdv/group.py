@@ -118,7 +118,7 @@ def sweep_stale_groups() -> List[str]:
             continue
         try:
             st = os.fstat(shm.fd)
-            if st.st_uid != os.geteuid() or lib.rdv_coll_creator_alive(shm.fd, pid):
+            if st.st_uid != os.geteuid() or lib.rdv_coll_creator_alive(shm.fd, 0, pid):
                 continue
             # a creator between its O_EXCL and its lock (microseconds) has a young, empty file
             if st.st_size == 0 and time.time() - st.st_ctime < _CREATOR_GRACE_S:
@@ -251,7 +251,7 @@ class Group:
             pid = ffi.new("uint32_t *")
             if rc == 0:
                 self._opened = ffi.gc(out[0], lib.rdv_coll_free)  # an exception from here on frees it
-                if lib.rdv_coll_creator_alive(shm.fd, pid):
+                if lib.rdv_coll_creator_alive(shm.fd, 1, pid):
                     return 0, st.st_ino
                 # joined a segment whose rank 0 is gone: a killed job's, not ours
                 self._opened = None
@@ -259,7 +259,7 @@ class Group:
                 return -errno.EAGAIN, 0
             if rc == -errno.EAGAIN:
                 return rc, 0
-            creator = lib.rdv_coll_creator_alive(shm.fd, pid)
+            creator = lib.rdv_coll_creator_alive(shm.fd, 0, pid)
         finally:
             shm.close_fd()
         stale = not creator and (rc != -errno.EOWNERDEAD or time.time() - st.st_ctime >= _CREATOR_GRACE_S)
@@ -289,7 +289,7 @@ class Group:
             check_owner(shm.fd, self._name, self._path)
             st = os.fstat(shm.fd)
             pid = ffi.new("uint32_t *")
-            creator = lib.rdv_coll_creator_alive(shm.fd, pid)
+            creator = lib.rdv_coll_creator_alive(shm.fd, 0, pid)
         finally:
             shm.close_fd()
         if creator:
