@@ -184,3 +184,46 @@ class InitSeen(Dataset):
 def failing_init(worker_id: int) -> None:
     raise RuntimeError(f"init of worker {worker_id} failed")
 
+
+
+class Records(Dataset):
+    """Tuple samples with a string and a number that is an int or a float."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return f"name{i}", (i if i % 2 == 0 else i / 4), bytes([i])
+
+
+def tuple_collate(batch):
+    """A custom collate_fn returning a tuple with a numpy scalar in it."""
+    return torch.stack([x for x, _ in batch]), np.float32(len(batch))
+
+
+class MapWithIter(Dataset):
+    """Map-style, with an __iter__ that must not be called."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        return i
+
+    def __iter__(self):
+        raise AssertionError("a map-style dataset is never iterated")
+
+
+class StopsAt3(Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        if i == 3:
+            raise StopIteration
+        return i
+
+
+def init_fails_in_worker_1(worker_id: int) -> None:
+    if worker_id == 1:
+        raise RuntimeError("init of worker 1 failed")

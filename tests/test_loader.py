@@ -339,3 +339,48 @@ def test_a_worker_whose_dataset_imports_torch_late_is_torch_s_worker():
     out = list(DataLoader(LateTorch(), batch_size=None, num_workers=2, multiprocessing_context="spawn"))
     theirs = list(TorchLoader(LateTorch(), batch_size=None, num_workers=2, multiprocessing_context="spawn"))
     assert [o[:2] for o in out] == [t[:2] for t in theirs] == [[0, 1], [1, 1], [0, 1], [1, 1]]
+
+
+def test_two_live_iterators_of_one_loader_keep_their_own_batches():
+    loader = DataLoader(ds.Squares(), batch_size=4, shuffle=True, num_workers=2,
+                        generator=torch.Generator().manual_seed(5))
+    theirs = TorchLoader(ds.Squares(), batch_size=4, shuffle=True, num_workers=2,
+                         generator=torch.Generator().manual_seed(5))  # its workers draw when iter() primes them, as ours
+    expect_a, expect_b = map(list, zip(*zip(theirs, theirs)))  # torch's, interleaved the same way
+    a, b = iter(loader), iter(loader)
+    got_a, got_b = [], []
+    for x, y in zip(a, b):  # interleaved, as zip(loader, loader) does
+        got_a.append(x)
+        got_b.append(y)
+    assert_same([expect_a, expect_b], [got_a, got_b])
+    del a, b
+
+
+def test_strings_of_tuple_samples_and_mixed_numbers_like_torch():
+    assert_same(*both(ds.Records(), batch_size=4, num_workers=2))
+    assert_same(*both(ds.Squares(), batch_size=4, num_workers=2, collate_fn=ds.tuple_collate))
+
+
+def test_tensor_chunks_as_sampler_indices():
+    chunks = list(torch.arange(5).split(2))  # the last chunk has one element: still a batch of one
+    # torch's own workers would pass these tensors through fds of theirs: compare with its one process
+    theirs = list(TorchLoader(ds.Squares(), batch_sampler=chunks))
+    assert_same([theirs], [list(DataLoader(ds.Squares(), batch_sampler=chunks, num_workers=2))])
+
+
+def test_a_persistent_map_style_dataset_is_never_iterated():
+    assert_same(*both(ds.MapWithIter(), epochs=2, batch_size=2, num_workers=2, persistent_workers=True))
+
+
+def test_a_temporary_persistent_loader_works():
+    batch = next(iter(DataLoader(ds.Squares(), batch_size=4, num_workers=2, persistent_workers=True)))
+    assert batch[1].tolist() == [0, 1, 2, 3]
+
+
+def test_loader_limits_are_checked_when_it_is_made():
+    with pytest.raises(ValueError, match="shm_size"):
+        DataLoader(ds.Squares(), num_workers=1, shm_size=1000)
+    with pytest.raises(ValueError, match="num_workers=200"):
+        DataLoader(ds.Squares(), num_workers=200)
+    with pytest.warns(UserWarning, match="pin_memory"):
+        DataLoader(ds.Squares(), pin_memory=True)

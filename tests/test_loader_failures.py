@@ -24,6 +24,20 @@ from tests.test_loader import no_leaks  # noqa: E402,F401  (the same leak checks
 pytestmark = pytest.mark.timeout(120)
 
 
+class SlowEach(torch.utils.data.Dataset):
+    """Every item takes ``delay`` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay)
+        return np.array([i])
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_exception_in_a_worker_is_raised_with_its_traceback(method):
     loader = DataLoader(ds.Failing("value"), batch_size=None, num_workers=2, multiprocessing_context=method)
@@ -164,3 +178,76 @@ def test_batches_held_past_the_loader_memory_raise_instead_of_hanging():
     kept.clear()
     # once they are dropped, the next epoch runs through
     assert sum(1 for _ in DataLoader(ds.Big(1 << 20, n=40), batch_size=None, num_workers=2, shm_size=8 << 20)) == 40
+
+
+def test_a_failing_worker_init_fn_is_raised_not_a_death():
+    loader = DataLoader(ds.Slow(0.5), batch_size=None, num_workers=2, worker_init_fn=ds.init_fails_in_worker_1)
+    with pytest.raises(RuntimeError, match="init of worker 1 failed") as err:
+        list(loader)
+    assert not isinstance(err.value, WorkerDied) and err.value.worker_id == 1
+
+
+def test_stop_iteration_in_a_map_style_dataset_ends_the_epoch_there_like_torch():
+    # torch re-raises the worker's StopIteration, which ends the loop at that batch
+    theirs = [int(b) for b in torch.utils.data.DataLoader(ds.StopsAt3(), batch_size=None, num_workers=1)]
+    ours = [int(b) for b in DataLoader(ds.StopsAt3(), batch_size=None, num_workers=1)]
+    assert ours == theirs == [0, 1, 2]
+
+
+def test_an_early_break_does_not_wait_for_the_queued_batches():
+    slow = iter(DataLoader(SlowEach(0.6), batch_size=None, num_workers=2, prefetch_factor=4))
+    next(slow)
+    start = time.monotonic()
+    codes = slow.workers.procs
+    workers = slow.workers
+    del slow
+    assert time.monotonic() - start < 1.5  # the task in hand, not the eight queued
+    assert workers.down
+
+
+def test_ctrl_c_in_the_bookkeeping_ends_the_iterator_cleanly(monkeypatch):
+    from shmrdv.loader import batch as wire
+
+    loader = DataLoader(ds.Squares(), batch_size=4, num_workers=2)
+    it = iter(loader)
+    assert next(it)[1].tolist() == [0, 1, 2, 3]
+    real = wire.read
+    calls = []
+
+    def interrupted(buf):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(buf)
+
+    monkeypatch.setattr(wire, "read", interrupted)
+    pids = [p.pid for p in it.workers.procs]
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        next(it)  # never a batch out of order, never a hang
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+    monkeypatch.setattr(wire, "read", real)
+    assert [b[1].tolist() for b in loader][:2] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # a new epoch is whole
+
+
+def test_ctrl_c_while_stopping_workers_still_stops_them(monkeypatch):
+    loader = DataLoader(SlowEach(5.0), batch_size=None, num_workers=2)
+    it = iter(loader)
+    procs = list(it.workers.procs)
+    pids = [p.pid for p in procs]
+    real_join = procs[0].join
+
+    def interrupted_join(timeout=None):  # Ctrl-C, once, while it waits for the workers
+        monkeypatch.setattr(procs[0], "join", real_join)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(procs[0], "join", interrupted_join)
+    with pytest.raises(KeyboardInterrupt):
+        it.workers.shutdown()
+    deadline = time.monotonic() + 5
+    while any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z" for p in pids) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z" for p in pids)
+    del it, loader

@@ -166,17 +166,24 @@ def _node(n: Any, views: List[np.ndarray], as_torch: bool) -> Any:
         i = n.get("i")
         if type(i) is not int or not 0 <= i < len(views):
             raise ProtocolError(f"a loader batch's tree names leaf {i!r} of {len(views)}")
-        return as_tensor(views[i]) if as_torch and n.get("k") == "T" else views[i]
+        kind = n.get("k")
+        if kind == "S":
+            return views[i][()]  # a numpy scalar, as the collate_fn returned it
+        return as_tensor(views[i]) if as_torch and kind == "T" else views[i]
     if t == "v":
-        return n.get("v")
+        v = n.get("v")
+        return tuple(v) if n.get("tuple") and isinstance(v, list) else v
     if t == "b":
         v = n.get("v")
-        return [_hex(x) for x in v] if isinstance(v, list) else _hex(v)
+        if isinstance(v, list):
+            return (tuple if n.get("tuple") else list)(_hex(x) for x in v)
+        return _hex(v)
     children = n.get("c")
     if not isinstance(children, list):
         raise ProtocolError(f"a loader batch's tree node {t!r} has no children list")
     if t == "l":
-        return [_node(c, views, as_torch) for c in children]
+        items = [_node(c, views, as_torch) for c in children]
+        return tuple(items) if n.get("tuple") else items
     if t in ("d", "o"):
         keys = n.get("k")
         if (not isinstance(keys, list) or len(keys) != len(children)

@@ -16,10 +16,12 @@ Tree nodes (``t`` is the node type):
 t     fields                                   becomes
 ====  =======================================  ==============================
 a     i: leaf index, k: "T" tensor / "A" array  the leaf, as a tensor or array
-v     v: a JSON value                           that value (numbers, strings,
-                                                None, lists of strings)
-b     v: list of hex strings, or one            bytes (a list of them)
-l     c: children                               a list
+      / "S" numpy scalar                        or numpy scalar
+v     v: a JSON value (tuple: true, of a list)  that value (numbers, strings,
+                                                None, lists or tuples of strings)
+b     v: list of hex strings, or one;           bytes (a list or tuple of them)
+      tuple as for v
+l     c: children; tuple: true                  a list (a tuple)
 d     k: keys (JSON values), c: children        a dict
 o     k, c                                      a collections.OrderedDict
 n     m: module, q: qualified name, c           that named tuple
@@ -104,6 +106,20 @@ def _stack(batch: Sequence[Any], leaves: List[Leaf]) -> Dict[str, Any]:
     return _leaf(leaves, Leaf(dtype, (len(arrays),) + first.shape, rows=arrays), "T")
 
 
+def _int_batch_dtype(batch: Sequence[Any]) -> Any:
+    """What ``torch.tensor(batch)`` makes of a batch whose first element is
+    an int: bool if all are bools, float32 (torch's default) if any is a
+    float, complex64 if any is complex, int64 otherwise."""
+    kinds = {type(x) for x in batch}
+    if kinds == {bool}:
+        return np.bool_
+    if any(issubclass(k, complex) for k in kinds):
+        return np.complex64
+    if any(issubclass(k, float) for k in kinds):
+        return np.float32
+    return np.int64
+
+
 def _numbers(batch: Sequence[Any], dtype: Any, leaves: List[Leaf]) -> Dict[str, Any]:
     try:
         whole = np.asarray(batch, dtype=dtype)
@@ -124,22 +140,22 @@ def collate(batch: Sequence[Any], leaves: List[Leaf]) -> Any:
         return _numbers(batch, None, leaves)
     if isinstance(elem, float):
         return _numbers(batch, np.float64, leaves)
-    if isinstance(elem, int):  # bool too: a batch of bools is a bool tensor, as in torch
-        return _numbers(batch, np.bool_ if all(type(x) is bool for x in batch) else np.int64, leaves)
-    if isinstance(elem, str):
-        return {"t": "v", "v": list(batch)}
+    if isinstance(elem, int):  # bool too; the dtype torch.tensor(batch) infers
+        return _numbers(batch, _int_batch_dtype(batch), leaves)
+    if isinstance(elem, str):  # as torch: the batch itself (a tuple when it came from tuple samples)
+        return {"t": "v", "v": list(batch), "tuple": isinstance(batch, tuple)}
     if isinstance(elem, bytes):
-        return {"t": "b", "v": [bytes(x).hex() for x in batch]}
+        return {"t": "b", "v": [bytes(x).hex() for x in batch], "tuple": isinstance(batch, tuple)}
     if isinstance(elem, collections.abc.Mapping):
         keys = _keys(elem)
         return _mapping_node(elem, keys, [collate([d[k] for d in batch], leaves) for k in keys])
     if _is_namedtuple(elem):
-        return _namedtuple_node(elem, [collate(list(s), leaves) for s in zip(*batch)])
+        return _namedtuple_node(elem, [collate(s, leaves) for s in zip(*batch)])
     if isinstance(elem, collections.abc.Sequence):
         size = len(elem)
         if not all(len(e) == size for e in batch):
             raise RuntimeError("each element in list of batch should be of equal size")
-        return {"t": "l", "c": [collate(list(s), leaves) for s in zip(*batch)]}
+        return {"t": "l", "c": [collate(s, leaves) for s in zip(*batch)]}
     raise TypeError(_COLLATE_ERROR.format(type(elem)))
 
 
@@ -156,8 +172,8 @@ def convert(data: Any, leaves: List[Leaf], arrays_as_tensors: bool = True) -> An
             raise TypeError("shmrdv.loader cannot ship numpy object arrays: make them numeric "
                             "(or strings of fixed width) in __getitem__ or collate_fn")
         string = _STR_OR_OBJECT.search(whole.dtype.str) is not None
-        return _leaf(leaves, Leaf(whole.dtype, whole.shape, whole=whole),
-                     "T" if arrays_as_tensors and not string else "A")
+        kind = "T" if arrays_as_tensors and not string else ("S" if isinstance(data, np.generic) else "A")
+        return _leaf(leaves, Leaf(whole.dtype, whole.shape, whole=whole), kind)
     if isinstance(data, collections.abc.Mapping):
         keys = _keys(data)
         return _mapping_node(data, keys, [convert(data[k], leaves, arrays_as_tensors) for k in keys])
@@ -168,7 +184,9 @@ def convert(data: Any, leaves: List[Leaf], arrays_as_tensors: bool = True) -> An
     if isinstance(data, _KEY_TYPES):
         return {"t": "v", "v": data}
     if isinstance(data, collections.abc.Sequence) and not isinstance(data, str):
-        return {"t": "l", "c": [convert(d, leaves, arrays_as_tensors) for d in data]}
+        # default_convert makes tuples lists; a collate_fn's tuple stays one
+        keep_tuple = not arrays_as_tensors and isinstance(data, tuple)
+        return {"t": "l", "c": [convert(d, leaves, arrays_as_tensors) for d in data], "tuple": keep_tuple}
     raise TypeError(f"shmrdv.loader cannot ship a {type(data).__module__}.{type(data).__qualname__} from a "
                     f"worker: a batch holds arrays, tensors, numbers, strings, bytes and tuples, lists, dicts "
                     f"and named tuples of them (nothing is pickled); convert it in __getitem__ or collate_fn")

@@ -18,12 +18,14 @@ import itertools
 import multiprocessing
 import os
 import time
+import warnings
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
 from ..errors import InvalidArgument, RendezvousTimeout
+from ..limits import MAX_ARENA_BYTES, MAX_MARKS, MAX_PROCS
 from ..rendezvous import Rendezvous, private_name, unlink_segment
 from ..tensors import is_tensor
 from . import batch as wire
@@ -31,7 +33,6 @@ from . import sampling
 from .collate import Leaf, collate, convert
 from .failures import worker_died, worker_exception
 from .progress import Progress
-from ..limits import MAX_MARKS
 from .worker import ROOM_WANTED, Config, Fetcher, encode_json, result_key, run, task_key
 
 DEFAULT_SHM_SIZE = 256 << 20
@@ -39,20 +40,26 @@ DEFAULT_SHM_SIZE = 256 << 20
 _SLICE = 0.1  # seconds: how soon a dead worker or a timeout is noticed
 _STOP_WAIT = 2.0  # seconds a stopping worker gets before it is killed
 _FULL_GRACE = 2.0  # seconds a worker we wait for may lack room before that is an error
+_MAX_ANY_KEYS = 64  # keys one recv_any takes (in_order=False waits on every worker's)
+_PAGE = 4096
 
 
 def _jsonable_index(index: Any) -> Any:
-    """A sampler's index as JSON for the task message: ints, strings, None and lists of them."""
+    """A sampler's index as JSON for the task message: ints, strings, None,
+    lists of them, and tuples (as ``{"tuple": [...]}``, made tuples again in
+    the worker)."""
     if index is None or isinstance(index, (str, bool)):
         return index
     if isinstance(index, (int, np.integer)):
         return int(index)
-    if is_tensor(index) and index.numel() == 1 and not index.is_floating_point():
-        return int(index.item())
-    if isinstance(index, (list, tuple, range)) or is_tensor(index) or isinstance(index, np.ndarray):
+    if (isinstance(index, np.ndarray) and index.ndim == 0) or (is_tensor(index) and index.dim() == 0):
+        return _jsonable_index(index.item())
+    if isinstance(index, tuple):
+        return {"tuple": [_jsonable_index(i) for i in index]}
+    if isinstance(index, (list, range)) or is_tensor(index) or isinstance(index, np.ndarray):
         return [_jsonable_index(i) for i in (index.tolist() if hasattr(index, "tolist") else index)]
-    raise TypeError(f"shmrdv.loader hands sampler indices to workers as ints, strings, None or lists of "
-                    f"them (nothing is pickled); the sampler gave a {type(index).__name__}: {index!r:.80}")
+    raise TypeError(f"shmrdv.loader hands sampler indices to workers as ints, strings, None, or lists and "
+                    f"tuples of them (nothing is pickled); the sampler gave a {type(index).__name__}: {index!r:.80}")
 
 
 def _context(multiprocessing_context: Any) -> Any:
@@ -70,37 +77,111 @@ def _context(multiprocessing_context: Any) -> Any:
     return multiprocessing_context
 
 
-class _Workers:
-    """The worker processes of one loader (persistent) or one epoch, and
-    their channels in the loader's rendezvous."""
+class _Settings:
+    """What an iterator needs of its loader, copied when it starts (or
+    resets): an iterator holds no reference to the loader, as torch's
+    does not."""
 
-    def __init__(self, loader: "DataLoader", resources: "_Resources", seed: int) -> None:
+    def __init__(self, loader: "DataLoader") -> None:
+        self.dataset, self.num_workers, self.prefetch_factor = loader.dataset, loader.num_workers, loader.prefetch_factor
+        self.in_order, self.persistent_workers, self.timeout = loader.in_order, loader.persistent_workers, loader.timeout
+        self.progress, self.index_sampler, self.generator = loader.progress, loader._index_sampler, loader.generator
+        self.torch_order, self.as_torch, self.iterable = loader._torch_order, loader._as_torch, loader._iterable
+        self.auto_collation, self.collate_fn, self.drop_last = loader._auto_collation, loader.collate_fn, loader.drop_last
+        self.worker_init_fn, self.shm_size = loader.worker_init_fn, loader.shm_size
+        self.multiprocessing_context = loader.multiprocessing_context
+        self.length = loader._length_or_none()
+
+
+class _Arena:
+    """A loader's shared memory and who uses it: its rendezvous (named
+    before it exists, so that workers can start first), the generations of
+    worker sets (each iterator's own keys), the producer marks they hold,
+    and the worker sets alive. ``release`` frees it all."""
+
+    def __init__(self) -> None:
+        self.name = private_name()
+        self.rdv: Optional[Rendezvous] = None
+        self.generations = itertools.count()
+        self.free_marks = set(range(MAX_MARKS))
+        self.workers: "weakref.WeakSet[_Workers]" = weakref.WeakSet()
+        self.released = False
+
+    def open(self, size: int) -> Rendezvous:
+        if self.released:
+            raise RuntimeError("this DataLoader is closed: make a new one")
+        if self.rdv is None:
+            self.rdv = Rendezvous(self.name, size=size, create=True)
+        return self.rdv
+
+    def release(self) -> None:
+        self.released = True
+        for workers in list(self.workers):
+            workers.shutdown()
+        rdv, self.rdv = self.rdv, None
+        if rdv is not None:
+            rdv.close()
+            unlink_segment(self.name)
+
+
+class _Owner:
+    """Held by a loader and by each of its iterators: the arena is released
+    once the last of them is gone (or at ``close``)."""
+
+    def __init__(self) -> None:
+        self.arena = _Arena()
+        self._finalizer = weakref.finalize(self, self.arena.release)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+class _Workers:
+    """The worker processes of one iterator (persistent: of every epoch),
+    and their channels: keys of their own generation in the loader's
+    rendezvous, so that two live iterators of one loader never meet."""
+
+    def __init__(self, settings: _Settings, arena: _Arena, seed: int) -> None:
+        n = settings.num_workers
         self.procs: List[Any] = []
-        self.stopped = [False] * loader.num_workers
+        self.stopped = [False] * n
         self.down = False
-        ctx = _context(loader.multiprocessing_context)
+        self.arena = arena
+        self.gen = next(arena.generations)
+        marks = sorted(arena.free_marks)[:n]
+        arena.free_marks.difference_update(marks)
+        self.marks = marks + [-1] * (n - len(marks))  # a worker past the 64 marks cannot say it lacks room
+        ctx = _context(settings.multiprocessing_context)
         # A spawned (or forkserver) worker takes a while to start: the arena
         # is reserved meanwhile, and the worker attaches once it exists. A
         # forked one starts at once and finds it made.
-        early = ctx.get_start_method() != "fork"
-        self.rdv = None if early else resources.arena(loader.shm_size)
+        self.rdv: Optional[Rendezvous] = None if ctx.get_start_method() != "fork" else arena.open(settings.shm_size)
+        arena.workers.add(self)
         try:
-            for w in range(loader.num_workers):
-                cfg = Config(resources.name, w, loader.num_workers, loader.dataset, loader._iterable,
-                             loader._auto_collation, loader.collate_fn, loader.drop_last, seed,
-                             loader.worker_init_fn, os.getpid())
+            for w in range(n):
+                cfg = Config(arena.name, self.gen, w, n, settings.dataset, settings.iterable,
+                             settings.auto_collation, settings.collate_fn, settings.drop_last, seed,
+                             settings.worker_init_fn, os.getpid(), self.marks[w])
                 p = ctx.Process(target=run, args=(cfg,), name=f"shmrdv-loader-worker-{w}", daemon=True)
                 p.start()
                 self.procs.append(p)
-            self.rdv = resources.arena(loader.shm_size)
+            self.rdv = arena.open(settings.shm_size)
+            for mark in self.marks:
+                if mark >= 0:
+                    self.rdv.set_mark(mark, 0, 0, 0)  # whatever a killed worker of an earlier set left
         except BaseException:
             self.shutdown()
             raise
-        resources.workers.add(self)
+
+    def tasks(self, w: int) -> str:
+        return task_key(self.gen, w)
+
+    def results(self, w: int) -> str:
+        return result_key(self.gen, w)
 
     def send(self, w: int, msg: Dict[str, Any]) -> None:
         assert self.rdv is not None
-        self.rdv.send(task_key(w), encode_json(msg))
+        self.rdv.send(self.tasks(w), encode_json(msg))
 
     def dead(self) -> Optional[int]:
         """A worker whose process ended without being told to stop, or None."""
@@ -117,12 +198,17 @@ class _Workers:
             except Exception:
                 pass  # it is killed below if it does not exit
 
-    def _drain(self, tasks: bool) -> None:
-        # Queued results (and, once the workers are gone, tasks) go back to the arena.
+    def take_back_tasks(self) -> None:
+        """Tasks no worker has started: taken back, so that a stop or a
+        reset is read next (not after prefetch_factor batches of work)."""
+        self._drain(tasks=True, results=False)
+
+    def _drain(self, tasks: bool, results: bool = True) -> None:
         if self.rdv is None or self.rdv.closed:
             return
         for w in range(len(self.procs)):
-            for key in (result_key(w), task_key(w)) if tasks else (result_key(w),):
+            keys = ([self.results(w)] if results else []) + ([self.tasks(w)] if tasks else [])
+            for key in keys:
                 try:
                     while self.rdv.try_recv(key) is not None:
                         pass
@@ -132,45 +218,61 @@ class _Workers:
     def shutdown(self) -> None:
         """Stop every worker (killing one that does not exit within
         ``_STOP_WAIT``), wait for them all, and free what they left queued.
-        Idempotent; batches already delivered stay valid."""
+        Idempotent, and complete even if interrupted (Ctrl-C) while it
+        waits; batches already delivered stay valid."""
         if self.down:
             return
         self.down = True
-        for w in range(len(self.procs)):
-            self.stop(w)
-        self._drain(tasks=False)  # a worker waiting for room to write finishes, then reads its stop
-        deadline = time.monotonic() + _STOP_WAIT
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
-            if p.exitcode is None:
-                p.kill()
-                p.join()
-            p.close()
-        self._drain(tasks=True)
+        try:
+            self.take_back_tasks()
+            self._drain(tasks=False)  # a worker waiting for room to write finishes, then reads its stop
+            for w in range(len(self.procs)):
+                self.stop(w)
+            deadline = time.monotonic() + _STOP_WAIT
+            for p in self.procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+        finally:
+            for p in self.procs:
+                if p.exitcode is None:
+                    p.kill()
+                    p.join()
+                p.close()
+            self._drain(tasks=True)
+            self.arena.free_marks.update(m for m in self.marks if m >= 0)
+            self.marks = []
 
 
 class _Epochs:
     """An iterator over a loader's batches (torch's _MultiProcessingDataLoaderIter);
     with persistent workers, one serves every epoch (``reset``)."""
 
-    def __init__(self, loader: "DataLoader") -> None:
-        self.loader = loader
-        self.sampler_iter = iter(loader._index_sampler)
-        self.seed = sampling.base_seed(loader.generator, loader._torch_order)
-        self.workers = _Workers(loader, loader._resources, self.seed)
+    def __init__(self, settings: _Settings, owner: _Owner) -> None:
+        self.settings, self.owner = settings, owner
+        self.sampler_iter = iter(settings.index_sampler)
+        self.seed = sampling.base_seed(settings.generator, settings.torch_order)
+        self.workers = _Workers(settings, owner.arena, self.seed)
         self._finalizer = weakref.finalize(self, self.workers.shutdown)
         self.error: Optional[BaseException] = None
         self.full_since: Optional[float] = None  # since when a worker we wait for has had no room
         self.progress: Optional[Progress] = None
-        self.reset(first=True)
+        self.resets = 0
+        try:
+            self.reset(settings, first=True)
+        except BaseException:
+            self._close()
+            raise
 
-    def reset(self, first: bool = False) -> None:
-        loader = self.loader
-        n = loader.num_workers
+    def reset(self, settings: _Settings, first: bool = False) -> None:
+        self.settings = settings
+        n = settings.num_workers
         if not first:
-            self.sampler_iter = iter(loader._index_sampler)
-            self._resume()
+            if self.progress is not None:
+                self.progress.close()
+            self.sampler_iter = iter(settings.index_sampler)
+            try:
+                self._resume()
+            except BaseException as exc:
+                raise self._failed(exc)
         self.sent = self.rcvd = 0
         self.task_worker: Dict[int, int] = {}
         self.outstanding = 0
@@ -179,36 +281,40 @@ class _Epochs:
         self.pending: Optional[Any] = None  # an index no worker had room for (in_order=False)
         self.cycle = itertools.cycle(range(n))
         self.done = False
-        if loader.progress:
-            self.progress = Progress(loader._length_or_none())
-        for _ in range(loader.prefetch_factor * n):
-            self._put_task()
+        self.progress = Progress(settings.length) if settings.progress else None
+        try:
+            for _ in range(settings.prefetch_factor * n):
+                self._put_task()
+        except BaseException as exc:
+            raise self._failed(exc)
 
     def _resume(self) -> None:
-        # Every worker restarts its iterable; what it answers before its
-        # READY belongs to the epoch left behind and is dropped.
-        for w in range(self.loader.num_workers):
-            self.workers.send(w, {"reset": 1})
-        for w in range(self.loader.num_workers):
+        # Every worker restarts its iterable; what it answers before the
+        # READY of this reset belongs to the epoch left behind and is dropped.
+        self.workers.take_back_tasks()
+        self.resets += 1
+        for w in range(self.settings.num_workers):
+            self.workers.send(w, {"reset": self.resets})
+        for w in range(self.settings.num_workers):
             while True:
-                _w, kind, _task, _meta, _buf = self._recv_from(w)
-                if kind == wire.READY:
+                _w, kind, _task, meta, _buf = self._recv_from(w)
+                if kind == wire.READY and meta.get("reset") == self.resets:
                     break
 
     def __iter__(self) -> "_Epochs":
         return self
 
     def _put_task(self) -> None:
-        loader = self.loader
-        max_tasks = loader.prefetch_factor * loader.num_workers
+        st = self.settings
+        max_tasks = st.prefetch_factor * st.num_workers
         if self.pending is None:
             try:
                 self.pending = next(self.sampler_iter)
             except StopIteration:
                 return
-        for _ in range(loader.num_workers):
+        for _ in range(st.num_workers):
             w = next(self.cycle)
-            if self.active[w] and (loader.in_order or self.num_tasks[w] < max_tasks // sum(self.active)):
+            if self.active[w] and (st.in_order or self.num_tasks[w] < max_tasks // sum(self.active)):
                 break
         else:
             return  # kept in self.pending for the next free slot
@@ -220,7 +326,14 @@ class _Epochs:
         self.sent += 1
 
     def _failed(self, err: BaseException) -> BaseException:
-        self.error = err
+        """Stop this iterator for good: every later next() raises ``err``
+        (or, for an interruption, says the iterator was interrupted)."""
+        if isinstance(err, Exception):
+            self.error = err
+        else:  # Ctrl-C in the middle of handing out or taking a batch: the bookkeeping is not whole
+            self.error = RuntimeError("this DataLoader iterator was interrupted while it handed out or received a "
+                                      "batch and cannot go on (no batch is lost or repeated silently): start a "
+                                      "new epoch with iter(loader)")
         self._close()
         return err
 
@@ -235,14 +348,16 @@ class _Epochs:
             mine = [t for t, owner in self.task_worker.items() if owner == w]
             raise self._failed(worker_died(w, p.pid, min(mine) if mine else None, p.exitcode))
         if deadline is not None and time.monotonic() >= deadline:
-            raise self._failed(RuntimeError(f"DataLoader timed out after {self.loader.timeout} seconds"))
+            raise self._failed(RuntimeError(f"DataLoader timed out after {self.settings.timeout} seconds"))
 
     def _check_room(self, waiting_for: List[int]) -> None:
         rdv = self.workers.rdv
+        assert rdv is not None
         for w in waiting_for:
-            if w >= MAX_MARKS:
+            mark_index = self.workers.marks[w]
+            if mark_index < 0:
                 continue
-            mark, nbytes, task = rdv.mark(w)
+            mark, nbytes, task = rdv.mark(mark_index)
             if mark != ROOM_WANTED:
                 continue
             if self.full_since is None:
@@ -252,17 +367,19 @@ class _Epochs:
                     f"DataLoader worker {w} cannot write batch {task}: it has waited "
                     f"{time.monotonic() - self.full_since:.0f} s for {nbytes} bytes of the loader's shared memory, "
                     f"which is full ({rdv.capacity} bytes: shm_size) of batches this process holds or has not "
-                    f"taken yet, and none will come back while it waits. Drop batches you no longer need, or "
-                    f"pass a larger shm_size= (room for prefetch_factor * num_workers = "
-                    f"{self.loader.prefetch_factor * self.loader.num_workers} batches and those you keep)"))
+                    f"taken yet, and none will come back while it waits. Drop batches you no longer need (a "
+                    f"tensor kept from a batch keeps the whole batch's memory: keep a copy, .clone()), or pass a "
+                    f"larger shm_size= (room for prefetch_factor * num_workers = "
+                    f"{self.settings.prefetch_factor * self.settings.num_workers} batches and those you keep)"))
             return
         self.full_since = None
 
     def _deadline(self) -> Optional[float]:
-        return time.monotonic() + self.loader.timeout if self.loader.timeout > 0 else None
+        return time.monotonic() + self.settings.timeout if self.settings.timeout > 0 else None
 
     def _recv_from(self, w: int) -> Any:
-        key, rdv, deadline = result_key(w), self.workers.rdv, self._deadline()
+        key, rdv, deadline = self.workers.results(w), self.workers.rdv, self._deadline()
+        assert rdv is not None
         while True:
             try:
                 buf = rdv.recv(key, timeout=_SLICE, writable=True)
@@ -274,18 +391,19 @@ class _Epochs:
             return w, kind, task, meta, buf
 
     def _recv_any(self) -> Any:
-        busy = [w for w in range(self.loader.num_workers) if self.num_tasks[w] > 0]
-        keys = [result_key(w) for w in busy]
+        busy = [w for w in range(self.settings.num_workers) if self.num_tasks[w] > 0]
+        keys = {self.workers.results(w): w for w in busy}
         rdv, deadline = self.workers.rdv, self._deadline()
+        assert rdv is not None
         while True:
             try:
-                key, buf = rdv.recv_any(keys, timeout=_SLICE, writable=True)
+                key, buf = rdv.recv_any(list(keys), timeout=_SLICE, writable=True)
             except RendezvousTimeout:
                 self._check(deadline, busy)
                 continue
             self.full_since = None
             kind, task, meta = wire.read(buf)
-            return int(key[1:]), kind, task, meta, buf
+            return keys[key], kind, task, meta, buf
 
     def __next__(self) -> Any:
         if self.error is not None:
@@ -295,6 +413,24 @@ class _Epochs:
         if self.workers.down:
             raise RuntimeError("this DataLoader was closed (close(), or the loader deleted) while iterating: "
                                "its workers are stopped; batches already received stay valid")
+        try:
+            outcome, value = self._next()
+        except StopIteration:
+            raise
+        except Exception as exc:
+            if self.error is None:  # a malformed message, a failed send: this iterator cannot go on
+                self._failed(exc)
+            raise
+        except BaseException as exc:  # Ctrl-C in the bookkeeping
+            if self.error is None:
+                self._failed(exc)
+            raise
+        if outcome == "error":
+            raise value
+        return value
+
+    def _next(self) -> Any:
+        st = self.settings
         while True:
             while self.rcvd < self.sent:
                 w = self.task_worker.get(self.rcvd)
@@ -307,22 +443,22 @@ class _Epochs:
                 self.done = True
                 if self.progress is not None:
                     self.progress.close()
-                if not self.loader.persistent_workers:
+                if not st.persistent_workers:
                     self._close()
                 raise StopIteration
-            sender, kind, task, meta, buf = (self._recv_from(self.task_worker[self.rcvd]) if self.loader.in_order
+            sender, kind, task, meta, buf = (self._recv_from(self.task_worker[self.rcvd]) if st.in_order
                                              else self._recv_any())
-            if kind == wire.ERROR and task < 0:  # its worker_init_fn (or its dataset's iter()) failed: it has exited
+            if kind == wire.ERROR and task < 0:  # its worker_init_fn (or its dataset's iter()) failed
                 raise self._failed(worker_exception(sender, self.workers.procs[sender].pid, None, meta))
             w = self.task_worker.pop(task, None)
-            if w is None or w != sender:
-                raise self._failed(RuntimeError(f"shmrdv.loader: a worker answered task {task}, which is not "
-                                                f"outstanding (a bug: please report it)"))
+            if w is None or w != sender or (st.in_order and task != self.rcvd):
+                raise self._failed(RuntimeError(f"shmrdv.loader: worker {sender} answered task {task}, which is "
+                                                f"not the one expected (a bug: please report it)"))
             self.outstanding -= 1
             self.num_tasks[w] -= 1
             if kind == wire.END:
                 self.active[w] = False
-                if not self.loader.persistent_workers:
+                if not st.persistent_workers:
                     self.workers.stop(w)
                 self._put_task()
                 continue
@@ -330,11 +466,11 @@ class _Epochs:
                 self.rcvd += 1
             self._put_task()
             if kind == wire.ERROR:
-                raise worker_exception(w, self.workers.procs[w].pid, task, meta)
-            data = wire.build(buf, meta, self.loader._as_torch)
+                return "error", worker_exception(w, self.workers.procs[w].pid, task, meta)
+            data = wire.build(buf, meta, st.as_torch)
             if self.progress is not None:
                 self.progress.update(buf.nbytes)
-            return data
+            return "batch", data
 
     def _close(self) -> None:
         if self.progress is not None:
@@ -349,14 +485,14 @@ class _InProcess:
     """``num_workers=0``: batches built in the trainer's process, in the
     same order, with the same draws."""
 
-    def __init__(self, loader: "DataLoader") -> None:
-        self.loader = loader
-        self.sampler_iter = iter(loader._index_sampler)
-        sampling.base_seed(loader.generator, loader._torch_order)  # drawn by torch too: the same generator state
-        cfg = Config("", 0, 1, loader.dataset, loader._iterable, loader._auto_collation, loader.collate_fn,
-                     loader.drop_last, 0, None, os.getpid())
+    def __init__(self, settings: _Settings) -> None:
+        self.settings = settings
+        self.sampler_iter = iter(settings.index_sampler)
+        sampling.base_seed(settings.generator, settings.torch_order)  # drawn by torch too: the same generator state
+        cfg = Config("", 0, 0, 1, settings.dataset, settings.iterable, settings.auto_collation, settings.collate_fn,
+                     settings.drop_last, 0, None, os.getpid(), -1)
         self.fetcher = Fetcher(cfg)
-        self.progress = Progress(loader._length_or_none()) if loader.progress else None
+        self.progress = Progress(settings.length) if settings.progress else None
 
     def __iter__(self) -> "_InProcess":
         return self
@@ -374,32 +510,11 @@ class _InProcess:
         _kind, _task, meta = wire.read(buf)
         if self.progress is not None:
             self.progress.update(buf.nbytes)
-        return wire.build(buf, meta, self.loader._as_torch)
+        return wire.build(buf, meta, self.settings.as_torch)
 
-
-class _Resources:
-    """What a loader owns beyond its arguments: its rendezvous (named before
-    it exists, so that workers can start first) and the workers of its live
-    iterators, released by ``close`` or when the loader is collected (a
-    finalizer that holds no reference to the loader)."""
-
-    def __init__(self) -> None:
-        self.name = private_name()
-        self.rdv: Optional[Rendezvous] = None
-        self.workers: "weakref.WeakSet[_Workers]" = weakref.WeakSet()
-
-    def arena(self, size: int) -> Rendezvous:
-        if self.rdv is None:
-            self.rdv = Rendezvous(self.name, size=size, create=True)
-        return self.rdv
-
-    def release(self) -> None:
-        for workers in list(self.workers):
-            workers.shutdown()
-        rdv, self.rdv = self.rdv, None
-        if rdv is not None:
-            rdv.close()
-            unlink_segment(self.name)
+    def __del__(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
 
 
 class DataLoader:
@@ -470,6 +585,17 @@ class DataLoader:
             raise InvalidArgument(f"output must be 'torch' or 'numpy', got {output!r}")
         if multiprocessing_context is not None:
             _context(multiprocessing_context)  # checked now, not at the first epoch
+        if num_workers + 1 > MAX_PROCS or (not in_order and num_workers > _MAX_ANY_KEYS):
+            raise ValueError(f"num_workers={num_workers}: a loader's shared memory serves at most {MAX_PROCS - 1} "
+                             f"workers ({_MAX_ANY_KEYS} with in_order=False)")
+        shm_size = DEFAULT_SHM_SIZE if shm_size is None else shm_size
+        if isinstance(shm_size, bool) or not isinstance(shm_size, int) or not _PAGE <= shm_size <= MAX_ARENA_BYTES \
+                or shm_size % _PAGE:
+            raise ValueError(f"shm_size must be a whole number of {_PAGE}-byte pages from {_PAGE} to {MAX_ARENA_BYTES} "
+                             f"bytes, got shm_size={shm_size!r}")
+        if pin_memory:
+            warnings.warn("shmrdv.loader ignores pin_memory=True: its batches are CPU tensors in shared memory "
+                          "(copy them to a device with .to(device, non_blocking=True))", stacklevel=2)
         self.dataset = dataset
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
@@ -481,7 +607,7 @@ class DataLoader:
         self.persistent_workers = persistent_workers
         self.output = output
         self.progress = progress
-        self.shm_size = DEFAULT_SHM_SIZE if shm_size is None else shm_size
+        self.shm_size = shm_size
         self._torch_order = sampling.torch_order(output)
         self._as_torch = output == "torch"
         self._iterable = sampling.is_iterable_dataset(dataset)
@@ -490,8 +616,7 @@ class DataLoader:
             self._torch_order)
         self.generator = generator
         self.collate_fn = collate_fn
-        self._resources = _Resources()
-        self._closer = weakref.finalize(self, self._resources.release)
+        self._owner = _Owner()
         self._persistent: Optional[_Epochs] = None
 
     @property
@@ -503,18 +628,17 @@ class DataLoader:
         return self.batch_sampler if self._auto_collation else self.sampler
 
     def __iter__(self) -> Iterator[Any]:
-        if not self._closer.alive:
+        if self._owner.arena.released:
             raise RuntimeError("this DataLoader is closed: make a new one")
+        settings = _Settings(self)
         if self.num_workers == 0:
-            return _InProcess(self)
+            return _InProcess(settings)
         if not self.persistent_workers:
-            return _Epochs(self)
+            return _Epochs(settings, self._owner)
         if self._persistent is None or self._persistent.error is not None:
-            # The iterator sees the loader through a weak proxy: no cycle
-            # keeps a deleted loader, and its workers, alive.
-            self._persistent = _Epochs(weakref.proxy(self))
+            self._persistent = _Epochs(settings, self._owner)
         else:
-            self._persistent.reset()
+            self._persistent.reset(settings)
         return self._persistent
 
     def __len__(self) -> int:
@@ -536,7 +660,7 @@ class DataLoader:
         (batches already delivered stay valid); idempotent. Deleting the
         loader does the same."""
         self._persistent = None
-        self._closer()
+        self._owner.close()
 
     def __enter__(self) -> "DataLoader":
         return self

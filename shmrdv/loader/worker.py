@@ -7,12 +7,18 @@ Channels, per worker ``w`` of a loader's rendezvous (both FIFO):
 =================  ==========  ==============================================
 key                written by  messages
 =================  ==========  ==============================================
-``t{w}``           trainer     UTF-8 JSON: ``{"i": task, "x": index}``,
-                               ``{"reset": 1}`` (a new epoch: start the
+``t{g}.{w}``       trainer     UTF-8 JSON: ``{"i": task, "x": index}``,
+                               ``{"reset": n}`` (a new epoch: start the
                                iterable dataset again), ``{"stop": 1}``
-``r{w}``           worker      ``batch.py`` messages, one per task in task
+``r{g}.{w}``       worker      ``batch.py`` messages, one per task in task
                                order (none for the tasks after an iterable
-                               dataset's END), and READY after a reset
+                               dataset's END), and READY ``{"reset": n}``
+                               after reset n
+``g`` is the generation of the worker set (each iterator of a loader has
+its own, so two live iterators never read each other's messages). While a
+worker waits for room to write a batch it sets its producer mark (index
+given in its Config) to ``(ROOM_WANTED, bytes, task)``, and clears it once
+written or when it exits.
 =================  ==========  ==============================================
 
 A worker ignores SIGINT (the trainer handles Ctrl-C and stops it) and exits
@@ -45,12 +51,21 @@ _ROOM_PATIENCE = 0.2  # seconds of waiting for room before it says so
 _ATTACH_WAIT = 60.0  # seconds a worker waits for the trainer to create the loader's rendezvous
 
 
-def task_key(worker_id: int) -> str:
-    return f"t{worker_id}"
+def task_key(generation: int, worker_id: int) -> str:
+    return f"t{generation}.{worker_id}"
 
 
-def result_key(worker_id: int) -> str:
-    return f"r{worker_id}"
+def result_key(generation: int, worker_id: int) -> str:
+    return f"r{generation}.{worker_id}"
+
+
+def _index(obj: Any) -> Any:
+    """A task's index as the sampler gave it (tuples come as {"tuple": [...]})."""
+    if isinstance(obj, list):
+        return [_index(x) for x in obj]
+    if isinstance(obj, dict):
+        return tuple(_index(x) for x in obj["tuple"])
+    return obj
 
 
 def encode_json(obj: Any) -> np.ndarray:
@@ -84,10 +99,11 @@ def get_worker_info() -> Optional[Any]:
 class Config:
     """Everything a worker starts from (pickled to spawn and forkserver workers)."""
 
-    def __init__(self, rdv_name: str, worker_id: int, num_workers: int, dataset: Any, iterable: bool,
-                 auto_collation: bool, collate_fn: Optional[Callable[[Any], Any]], drop_last: bool,
-                 seed: int, worker_init_fn: Optional[Callable[[int], None]], trainer_pid: int) -> None:
-        self.rdv_name, self.worker_id, self.num_workers = rdv_name, worker_id, num_workers
+    def __init__(self, rdv_name: str, generation: int, worker_id: int, num_workers: int, dataset: Any,
+                 iterable: bool, auto_collation: bool, collate_fn: Optional[Callable[[Any], Any]], drop_last: bool,
+                 seed: int, worker_init_fn: Optional[Callable[[int], None]], trainer_pid: int, mark: int) -> None:
+        self.rdv_name, self.generation, self.mark = rdv_name, generation, mark
+        self.worker_id, self.num_workers = worker_id, num_workers
         self.dataset, self.iterable, self.auto_collation = dataset, iterable, auto_collation
         self.collate_fn, self.drop_last, self.seed = collate_fn, drop_last, seed
         self.worker_init_fn, self.trainer_pid = worker_init_fn, trainer_pid
@@ -193,7 +209,8 @@ class Fetcher:
             self.reset()
 
     def reset(self) -> None:
-        self.it = iter(self.cfg.dataset)
+        if self.cfg.iterable:  # a map-style dataset has nothing to start again
+            self.it = iter(self.cfg.dataset)
         self.ended = False
 
     def samples(self, index: Any) -> Any:
@@ -243,9 +260,9 @@ def error_plan(task: int, exc: BaseException) -> wire.Plan:
 
 
 class _Channel:
-    def __init__(self, rdv: Rendezvous, worker_id: int) -> None:
-        self.rdv, self.worker_id = rdv, worker_id
-        self.tasks, self.results = task_key(worker_id), result_key(worker_id)
+    def __init__(self, rdv: Rendezvous, cfg: Config) -> None:
+        self.rdv, self.mark = rdv, cfg.mark
+        self.tasks, self.results = task_key(cfg.generation, cfg.worker_id), result_key(cfg.generation, cfg.worker_id)
 
     def next_task(self) -> Any:
         return json.loads(bytes(self.rdv.recv(self.tasks)))
@@ -260,13 +277,14 @@ class _Channel:
                 alloc = self.rdv.alloc(self.results, (plan.nbytes,), np.uint8, timeout=_ROOM_PATIENCE)
                 buf = alloc.open()
             except RendezvousTimeout:
-                shown = self.worker_id < MAX_MARKS
-                if shown:
-                    self.rdv.set_mark(self.worker_id, ROOM_WANTED, plan.nbytes, max(plan.task, 0))
-                alloc = self.rdv.alloc(self.results, (plan.nbytes,), np.uint8)
-                buf = alloc.open()
-                if shown:
-                    self.rdv.set_mark(self.worker_id, 0, 0, 0)
+                if self.mark >= 0:
+                    self.rdv.set_mark(self.mark, ROOM_WANTED, plan.nbytes, max(plan.task, 0))
+                try:
+                    alloc = self.rdv.alloc(self.results, (plan.nbytes,), np.uint8)
+                    buf = alloc.open()
+                finally:
+                    if self.mark >= 0:
+                        self.rdv.set_mark(self.mark, 0, 0, 0)
             try:
                 plan.write(buf)
             except BaseException:
@@ -300,7 +318,7 @@ def run(cfg: Config) -> None:
     _exit_with_trainer(cfg.trainer_pid, cfg.rdv_name)
     rdv = _attach(cfg.rdv_name)
     try:
-        channel = _Channel(rdv, cfg.worker_id)
+        channel = _Channel(rdv, cfg)
         seed = cfg.seed + cfg.worker_id
         _seed(seed, cfg.worker_id, cfg.seed)
         _set_worker_info(cfg, seed)
@@ -309,7 +327,11 @@ def run(cfg: Config) -> None:
                 cfg.worker_init_fn(cfg.worker_id)
             fetcher = Fetcher(cfg)
         except Exception as exc:
-            channel.put(error_plan(-1, exc))  # the trainer raises it, naming this worker
+            # The trainer raises it, naming this worker, when it next needs
+            # it; meanwhile this worker lives (an exit would read as a death).
+            channel.put(error_plan(-1, exc))
+            while "stop" not in channel.next_task():
+                pass
             return
         _serve(channel, fetcher)
     finally:
@@ -323,17 +345,24 @@ def _serve(channel: _Channel, fetcher: Fetcher) -> None:
         if "stop" in msg:
             return
         if "reset" in msg:
-            fetcher.reset()
+            try:
+                fetcher.reset()
+                answer = wire.Plan(wire.READY, -1, {"reset": msg["reset"]}, [])
+            except Exception as exc:  # its iter() failed: the trainer raises it
+                answer = error_plan(-1, exc)
             exhausted = False
-            channel.put(wire.Plan(wire.READY, -1, {}, []))
+            channel.put(answer)
             continue
         if exhausted:
             continue
         task = int(msg["i"])
         try:
-            plan = fetcher.plan(task, msg["x"])
-        except StopIteration:
-            plan, exhausted = wire.Plan(wire.END, task, {}, []), True
+            plan = fetcher.plan(task, _index(msg["x"]))
+        except StopIteration as exc:
+            if fetcher.cfg.iterable:  # the end of this worker's share
+                plan, exhausted = wire.Plan(wire.END, task, {}, []), True
+            else:  # a map-style dataset's StopIteration is an error, as in torch
+                plan = error_plan(task, exc)
         except Exception as exc:
             plan = error_plan(task, exc)
         try:
