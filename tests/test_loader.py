@@ -384,3 +384,11 @@ def test_loader_limits_are_checked_when_it_is_made():
         DataLoader(ds.Squares(), num_workers=200)
     with pytest.warns(UserWarning, match="pin_memory"):
         DataLoader(ds.Squares(), pin_memory=True)
+
+
+def test_torch_s_default_collate_passed_explicitly_is_the_built_in_one():
+    from torch.utils.data import default_collate, default_convert
+
+    assert DataLoader(ds.Nested(), batch_size=4, collate_fn=default_collate).collate_fn is None
+    assert DataLoader(ds.Nested(), batch_size=4, collate_fn=default_convert).collate_fn is default_convert
+    assert_same(*both(ds.Nested(), batch_size=4, num_workers=2, collate_fn=default_collate))

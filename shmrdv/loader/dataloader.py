@@ -17,6 +17,7 @@ batches, of samples and of random draws is torch's):
 import itertools
 import multiprocessing
 import os
+import sys
 import time
 import warnings
 import weakref
@@ -75,6 +76,19 @@ def _context(multiprocessing_context: Any) -> Any:
         raise TypeError(f"multiprocessing_context option should be a valid context object or a string "
                         f"specifying the start method, but got multiprocessing_context={multiprocessing_context}")
     return multiprocessing_context
+
+
+def _is_torch_default(collate_fn: Any, auto_collation: bool) -> bool:
+    """Whether collate_fn is what torch would use anyway (default_collate
+    when batching, default_convert when not), which the built-in path does
+    the same way, without torch's shared-memory tensors in a worker copied
+    again into the arena."""
+    torch = sys.modules.get("torch")
+    if torch is None or collate_fn is None:
+        return False
+    from torch.utils.data._utils import collate as torch_collate
+
+    return collate_fn is (torch_collate.default_collate if auto_collation else torch_collate.default_convert)
 
 
 class _Settings:
@@ -615,7 +629,7 @@ class DataLoader:
             dataset, self._iterable, batch_size, shuffle, sampler, batch_sampler, drop_last, generator,
             self._torch_order)
         self.generator = generator
-        self.collate_fn = collate_fn
+        self.collate_fn = None if _is_torch_default(collate_fn, self.batch_sampler is not None) else collate_fn
         self._owner = _Owner()
         self._persistent: Optional[_Epochs] = None
 
