@@ -492,7 +492,9 @@ class _Epochs:
         self._finalizer()
 
     def __del__(self) -> None:
-        self._finalizer()
+        finalizer = getattr(self, "_finalizer", None)  # None: __init__ failed before the workers were up
+        if finalizer is not None:
+            finalizer()
 
 
 class _InProcess:
