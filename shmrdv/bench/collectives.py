@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .command import machine
+from .common import write_outputs
 from .ddp import BATCH, LAYERS, compare_ddp
 from .collective_peers import (ITEM, OPS, _plan, expect, run_gloo, run_mpi, run_rank, run_spawned_ranks,
                                summarize, time_calls)
@@ -201,11 +202,7 @@ def run_command(args: Any) -> int:
         for g in goals(results):
             ratio = "–" if g["ratio"] is None else f"{g['ratio']:.2f}×"
             print(f"  {'met ' if g['met'] else 'MISS'} {g['case']} vs {g['peer']}: {ratio} (goal ≥ {g['goal']}×)")
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=1)
-    if args.plot:
-        plot(results, args.plot)
+    write_outputs(results, args, plot)
     return 0
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 import argparse
+import json
 import re
+from typing import Any, Callable, Dict
 import numpy as np
 
 from ..segments import human_bytes
@@ -75,3 +77,12 @@ def parse_size(text: str) -> int:
             f"size {text.strip()!r} is {nbytes} bytes: messages are {np.dtype(DATA_DTYPE).name} arrays, "
             f"so a size must be a positive multiple of {item} bytes")
     return nbytes
+
+
+def write_outputs(results: Dict[str, Any], args: argparse.Namespace, plot: Callable[[Dict[str, Any], str], None]) -> None:
+    """What --json and --plot ask for, from a command's results."""
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(results, out, indent=1)
+    if args.plot:
+        plot(results, args.plot)

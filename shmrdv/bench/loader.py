@@ -64,6 +64,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..loader import DEFAULT_SHM_SIZE
+from .common import write_outputs
 
 try:
     import torch
@@ -613,11 +614,7 @@ def run_command(args: Any) -> int:
                        torch_threads=torch.get_num_threads(), seconds=time.monotonic() - start)
         results["goals"] = goals(results)
     print(report(results))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=1)
-    if args.plot:
-        plot(results, args.plot)
+    write_outputs(results, args, plot)
     return 0
 
 
