@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from shmrdv.loader import DataLoader, WorkerDied, WorkerError  # noqa: E402
+from shmrdv.loader import DataLoader, LoaderTimeout, WorkerDied, WorkerError  # noqa: E402
 from tests import loader_datasets as ds  # noqa: E402
 from tests.test_loader import no_leaks  # noqa: E402,F401  (the same leak checks)
 
@@ -98,6 +98,19 @@ def test_timeout_like_torch():
     with pytest.raises(RuntimeError, match=r"DataLoader timed out after 0.3 seconds"):
         next(iter(loader))
     assert time.monotonic() - start < 5
+
+
+def test_after_a_timeout_the_iterator_goes_on_like_torch():
+    it = iter(DataLoader(ds.Slow(1.0, n=3), batch_size=None, num_workers=1, timeout=0.3))
+    timeouts = 0
+    while True:
+        try:
+            first = next(it)
+            break
+        except LoaderTimeout:
+            timeouts += 1
+            assert timeouts < 20
+    assert timeouts >= 1 and int(first) == 0 and [int(b) for b in it] == [1, 2]
 
 
 def test_unshippable_sample_names_its_type():

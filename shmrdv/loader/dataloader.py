@@ -32,7 +32,7 @@ from ..tensors import is_tensor
 from . import batch as wire
 from . import sampling
 from .collate import Leaf, collate, convert
-from .failures import worker_died, worker_exception
+from .failures import LoaderTimeout, worker_died, worker_exception
 from .progress import Progress
 from .worker import ROOM_WANTED, Config, Fetcher, encode_json, result_key, run, task_key
 
@@ -362,7 +362,8 @@ class _Epochs:
             mine = [t for t, owner in self.task_worker.items() if owner == w]
             raise self._failed(worker_died(w, p.pid, min(mine) if mine else None, p.exitcode))
         if deadline is not None and time.monotonic() >= deadline:
-            raise self._failed(RuntimeError(f"DataLoader timed out after {self.settings.timeout} seconds"))
+            # as torch's: the wait ends, the iterator stays usable (nothing was taken)
+            raise LoaderTimeout(f"DataLoader timed out after {self.settings.timeout} seconds")
 
     def _check_room(self, waiting_for: List[int]) -> None:
         rdv = self.workers.rdv
@@ -430,6 +431,8 @@ class _Epochs:
         try:
             outcome, value = self._next()
         except StopIteration:
+            raise
+        except LoaderTimeout:
             raise
         except Exception as exc:
             if self.error is None:  # a malformed message, a failed send: this iterator cannot go on
@@ -563,8 +566,9 @@ class DataLoader:
     type as itself, others as ``WorkerError``) with the worker id, its pid,
     the batch index and the worker's traceback; a worker killed by a signal
     raises ``WorkerDied`` within a tenth of a second of the trainer next
-    waiting for it; ``timeout`` > 0 raises ``RuntimeError`` when a batch
-    takes longer. Ending an epoch early (``break``), deleting the loader or
+    waiting for it; ``timeout`` > 0 raises ``LoaderTimeout`` (a
+    ``RuntimeError``, as torch's) when a batch takes longer, and the next
+    call waits again. Ending an epoch early (``break``), deleting the loader or
     its iterator, or ``close()`` stops the workers and frees the memory;
     batches already delivered stay valid.
 

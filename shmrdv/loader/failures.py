@@ -77,3 +77,9 @@ def worker_died(worker_id: int, pid: Optional[int], batch: Optional[int], exitco
     err.signal = -exitcode if exitcode < 0 else None
     err.exitcode = exitcode if exitcode >= 0 else None
     return err
+
+
+class LoaderTimeout(RuntimeError, TimeoutError):
+    """No batch came within the loader's ``timeout`` (the RuntimeError torch
+    raises, and a TimeoutError); the iterator stays usable: the next call
+    waits again."""
