@@ -59,16 +59,17 @@ def _block_bytes(key_len: int, ndim: int, nbytes: int) -> Tuple[int, int]:
     return meta + nbytes, meta
 
 
-def _arena_size(size: object) -> int:
-    """Check a ``size=`` argument: a multiple of 4096 in [4096, MAX_SIZE]."""
-    size = _positive_int(size, "size")
+def arena_size(size: object, what: str = "size") -> int:
+    """Check an arena size argument (``size=``, or ``what``): a multiple of
+    4096 in [4096, MAX_SIZE] (the one check, for every layer that takes one)."""
+    size = _positive_int(size, what)
     if size > MAX_SIZE:
-        raise InvalidArgument(f"size={size} is over the limit of a rendezvous: at most {MAX_SIZE} bytes "
+        raise InvalidArgument(f"{what}={size} is over the limit of a rendezvous: at most {MAX_SIZE} bytes "
                               f"(64 GiB less 4 KiB)")
     if size % _PAGE:
         below, above = size // _PAGE * _PAGE, _round_up(size, _PAGE)
-        nearest = f"size={above}" if below == 0 else f"size={below} or size={above}"
-        raise InvalidArgument(f"size must be a multiple of {_PAGE} bytes (a page), got size={size}: use {nearest}")
+        nearest = f"{what}={above}" if below == 0 else f"{what}={below} or {what}={above}"
+        raise InvalidArgument(f"{what} must be a multiple of {_PAGE} bytes (a page), got {what}={size}: use {nearest}")
     return size
 
 
@@ -506,7 +507,7 @@ class Rendezvous:
         name = checked_name(name, "name", lib.RDV_NAME_MAX)
         if create not in (None, True, False):
             raise InvalidType(f"create must be None, True or False, not {create!r}")
-        req_size = None if size is None else _arena_size(size)
+        req_size = None if size is None else arena_size(size)
         arena = DEFAULT_SIZE if req_size is None else req_size
         keys = max(1024, min(arena // 4096, 1 << 20)) if max_keys is None else _positive_int(max_keys, "max_keys")
         wait_ns = _timeout_ns(timeout)

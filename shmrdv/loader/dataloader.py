@@ -26,12 +26,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import numpy as np
 
 from ..errors import InvalidArgument, RendezvousTimeout
-from ..limits import MAX_ARENA_BYTES, MAX_MARKS, MAX_PROCS
-from ..rendezvous import Rendezvous, private_name, unlink_segment
+from ..limits import MAX_MARKS, MAX_PROCS
+from ..rendezvous import Rendezvous, arena_size, private_name, unlink_segment
 from ..tensors import is_tensor
 from . import batch as wire
 from . import sampling
-from .collate import Leaf, collate, convert
 from .failures import LoaderTimeout, worker_died, worker_exception
 from .progress import Progress
 from .worker import ROOM_WANTED, Config, Fetcher, encode_json, result_key, run, task_key
@@ -42,7 +41,6 @@ _SLICE = 0.1  # seconds: how soon a dead worker or a timeout is noticed
 _STOP_WAIT = 2.0  # seconds a stopping worker gets before it is killed
 _FULL_GRACE = 2.0  # seconds a worker we wait for may lack room before that is an error
 _MAX_ANY_KEYS = 64  # keys one recv_any takes (in_order=False waits on every worker's)
-_PAGE = 4096
 
 
 def _jsonable_index(index: Any) -> Any:
@@ -162,6 +160,8 @@ class _Workers:
         self.down = False
         self.arena = arena
         self.gen = next(arena.generations)
+        self.task_keys = [task_key(self.gen, w) for w in range(n)]
+        self.result_keys = [result_key(self.gen, w) for w in range(n)]
         marks = sorted(arena.free_marks)[:n]
         arena.free_marks.difference_update(marks)
         self.marks = marks + [-1] * (n - len(marks))  # a worker past the 64 marks cannot say it lacks room
@@ -187,15 +187,9 @@ class _Workers:
             self.shutdown()
             raise
 
-    def tasks(self, w: int) -> str:
-        return task_key(self.gen, w)
-
-    def results(self, w: int) -> str:
-        return result_key(self.gen, w)
-
     def send(self, w: int, msg: Dict[str, Any]) -> None:
         assert self.rdv is not None
-        self.rdv.send(self.tasks(w), encode_json(msg))
+        self.rdv.send(self.task_keys[w], encode_json(msg))
 
     def dead(self) -> Optional[int]:
         """A worker whose process ended without being told to stop, or None."""
@@ -221,7 +215,7 @@ class _Workers:
         if self.rdv is None or self.rdv.closed:
             return
         for w in range(len(self.procs)):
-            keys = ([self.results(w)] if results else []) + ([self.tasks(w)] if tasks else [])
+            keys = ([self.result_keys[w]] if results else []) + ([self.task_keys[w]] if tasks else [])
             for key in keys:
                 try:
                     while self.rdv.try_recv(key) is not None:
@@ -311,7 +305,7 @@ class _Epochs:
             self.workers.send(w, {"reset": self.resets})
         for w in range(self.settings.num_workers):
             while True:
-                _w, kind, _task, meta, _buf = self._recv_from(w)
+                _w, kind, _task, meta, _buf = self._receive([w])
                 if kind == wire.READY and meta.get("reset") == self.resets:
                     break
 
@@ -392,33 +386,26 @@ class _Epochs:
     def _deadline(self) -> Optional[float]:
         return time.monotonic() + self.settings.timeout if self.settings.timeout > 0 else None
 
-    def _recv_from(self, w: int) -> Any:
-        key, rdv, deadline = self.workers.results(w), self.workers.rdv, self._deadline()
+    def _receive(self, workers: List[int]) -> Any:
+        """(worker, kind, task, meta, message) of the next message from one of
+        ``workers``, waiting in slices with ``_check`` between them."""
+        rdv, deadline = self.workers.rdv, self._deadline()
         assert rdv is not None
+        keys = self.workers.result_keys
         while True:
             try:
-                buf = rdv.recv(key, timeout=_SLICE, writable=True)
+                if len(workers) == 1:
+                    w = workers[0]
+                    buf = rdv.recv(keys[w], timeout=_SLICE, writable=True)
+                else:
+                    key, buf = rdv.recv_any([keys[w] for w in workers], timeout=_SLICE, writable=True)
+                    w = keys.index(key)
             except RendezvousTimeout:
-                self._check(deadline, [w])
+                self._check(deadline, workers)
                 continue
             self.full_since = None
             kind, task, meta = wire.read(buf)
             return w, kind, task, meta, buf
-
-    def _recv_any(self) -> Any:
-        busy = [w for w in range(self.settings.num_workers) if self.num_tasks[w] > 0]
-        keys = {self.workers.results(w): w for w in busy}
-        rdv, deadline = self.workers.rdv, self._deadline()
-        assert rdv is not None
-        while True:
-            try:
-                key, buf = rdv.recv_any(list(keys), timeout=_SLICE, writable=True)
-            except RendezvousTimeout:
-                self._check(deadline, busy)
-                continue
-            self.full_since = None
-            kind, task, meta = wire.read(buf)
-            return keys[key], kind, task, meta, buf
 
     def __next__(self) -> Any:
         if self.error is not None:
@@ -463,8 +450,9 @@ class _Epochs:
                 if not st.persistent_workers:
                     self._close()
                 raise StopIteration
-            sender, kind, task, meta, buf = (self._recv_from(self.task_worker[self.rcvd]) if st.in_order
-                                             else self._recv_any())
+            waiting_for = ([self.task_worker[self.rcvd]] if st.in_order
+                           else [w for w in range(st.num_workers) if self.num_tasks[w] > 0])
+            sender, kind, task, meta, buf = self._receive(waiting_for)
             if kind == wire.ERROR and task < 0:  # its worker_init_fn (or its dataset's iter()) failed
                 raise self._failed(worker_exception(sender, self.workers.procs[sender].pid, None, meta))
             w = self.task_worker.pop(task, None)
@@ -608,11 +596,7 @@ class DataLoader:
         if num_workers + 1 > MAX_PROCS or (not in_order and num_workers > _MAX_ANY_KEYS):
             raise ValueError(f"num_workers={num_workers}: a loader's shared memory serves at most {MAX_PROCS - 1} "
                              f"workers ({_MAX_ANY_KEYS} with in_order=False)")
-        shm_size = DEFAULT_SHM_SIZE if shm_size is None else shm_size
-        if isinstance(shm_size, bool) or not isinstance(shm_size, int) or not _PAGE <= shm_size <= MAX_ARENA_BYTES \
-                or shm_size % _PAGE:
-            raise ValueError(f"shm_size must be a whole number of {_PAGE}-byte pages from {_PAGE} to {MAX_ARENA_BYTES} "
-                             f"bytes, got shm_size={shm_size!r}")
+        shm_size = DEFAULT_SHM_SIZE if shm_size is None else arena_size(shm_size, "shm_size")
         if pin_memory:
             warnings.warn("shmrdv.loader ignores pin_memory=True: its batches are CPU tensors in shared memory "
                           "(copy them to a device with .to(device, non_blocking=True))", stacklevel=2)
