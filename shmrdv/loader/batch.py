@@ -52,7 +52,7 @@ def _round_up(n: int, to: int) -> int:
 
 
 _HEAD = struct.Struct("<4sBBHqII")  # the header above
-_JSON = json.JSONEncoder(separators=(",", ":"))
+JSON = json.JSONEncoder(separators=(",", ":"))  # compact; NaN and inf as JSON's extensions read them
 
 
 class Plan:
@@ -71,7 +71,7 @@ class Plan:
                 table.append([dtype_code(leaf.dtype).decode("ascii"), list(leaf.shape), pos])
                 pos = _round_up(pos + leaf.nbytes, ALIGN)
             meta = dict(meta, leaves=table)
-        encoded = _JSON.encode(meta).encode("utf-8")
+        encoded = JSON.encode(meta).encode("utf-8")
         self.head = _HEAD.pack(MAGIC, VERSION, kind, 0, task, len(encoded), 0) + encoded
         start = _round_up(len(self.head), ALIGN)
         self.kind, self.task, self.leaves = kind, task, leaves

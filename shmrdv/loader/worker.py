@@ -41,7 +41,6 @@ from typing import Any, Callable, List, Optional
 import numpy as np
 
 from ..errors import MessageTooLarge, RendezvousTimeout
-from ..limits import MAX_MARKS
 from ..rendezvous import Rendezvous, unlink_segment
 from . import batch as wire
 from .collate import Leaf, collate, convert
@@ -69,7 +68,7 @@ def _index(obj: Any) -> Any:
 
 
 def encode_json(obj: Any) -> np.ndarray:
-    return np.frombuffer(json.dumps(obj, separators=(",", ":")).encode("utf-8"), np.uint8)
+    return np.frombuffer(wire.JSON.encode(obj).encode("utf-8"), np.uint8)
 
 
 class WorkerInfo:
