@@ -32,6 +32,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+def child_processes() -> list:
+    """(pid, state letter) of every child of this process, from /proc."""
+    me = str(os.getpid())
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me:
+                kids.append((int(entry), fields[0]))
+    return kids
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 import shmrdv
+from tests.conftest import child_processes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,19 +55,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _children():
-    me = str(os.getpid())
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[1] == me:
-                kids.append((int(entry), fields[0]))
-    return kids
 
 
 def _fd_count() -> int:
@@ -76,13 +64,13 @@ def _fd_count() -> int:
 @pytest.fixture(autouse=True)
 def no_leaks():
     fds = _fd_count()
-    before = set(_children())  # e.g. multiprocessing's resource tracker, started by an earlier module
+    before = set(child_processes())  # e.g. multiprocessing's resource tracker, started by an earlier module
     yield
     try:
         deadline = time.monotonic() + 5
-        while (set(_children()) - before or any(map(_alive, _tracked_pids))) and time.monotonic() < deadline:
+        while (set(child_processes()) - before or any(map(_alive, _tracked_pids))) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not set(_children()) - before, f"child processes left: {sorted(set(_children()) - before)}"
+        assert not set(child_processes()) - before, f"child processes left: {sorted(set(child_processes()) - before)}"
         assert not [p for p in _tracked_pids if _alive(p)], f"processes left: {_tracked_pids}"
         assert shm_entries() == [], f"left in /dev/shm: {shm_entries()}"
         assert _fd_count() == fds, f"the parent had {fds} fds before the test, {_fd_count()} after"

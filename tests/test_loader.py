@@ -22,6 +22,7 @@ from torch.utils.data import BatchSampler, DataLoader as TorchLoader, Sequential
 
 from shmrdv.loader import DataLoader  # noqa: E402
 from tests import loader_datasets as ds  # noqa: E402
+from tests.conftest import child_processes  # noqa: E402
 from tests.loader_late_torch import LateTorch  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -39,18 +40,7 @@ def _multiprocessing_helper(pid: str) -> bool:
 
 
 def _children() -> set:
-    me = os.getpid()
-    out = set()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == me and fields[0] != "Z" and not _multiprocessing_helper(pid):
-                out.add(int(pid))
-    return out
+    return {pid for pid, state in child_processes() if state != "Z" and not _multiprocessing_helper(str(pid))}
 
 
 def _shm() -> set:
