@@ -3,6 +3,7 @@
 from __future__ import annotations
 import argparse
 import contextlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -81,9 +82,11 @@ def machine() -> Dict[str, Any]:
     import shmrdv
 
     info["shmrdv"] = shmrdv.__version__
-    for module in ("zmq", "torch"):
-        if importlib.util.find_spec(module) is not None:
-            info[module] = importlib.import_module(module).__version__
+    # versions from the installed metadata: importing torch (a second, and
+    # its thread pools) into the measuring process would change what it measures
+    for module, dist in (("zmq", "pyzmq"), ("torch", "torch")):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            info[module] = importlib.metadata.version(dist)
     return info
 
 
