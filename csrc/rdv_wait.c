@@ -16,6 +16,11 @@
 #define RDV_SPIN_MIN_NS 2000
 #define RDV_SPIN_MAX_NS 200000
 #define RDV_SPIN_CHECK_EVERY 64 /* pause iterations between clock reads and yields */
+/* How long a waiter whose waker shares its CPU yields to it before it
+ * sleeps: a few of the waker's turns (a round trip of Python code is
+ * 10-30 us), short enough that a waiter nobody serves soon uses almost no
+ * CPU (a yield with nothing else to run returns at once). */
+#define RDV_YIELD_NS 50000
 
 void rdv_deadline_init(struct rdv_deadline *d, int64_t timeout_ns) {
     d->forever = timeout_ns < 0 || timeout_ns >= RDV_FOREVER_NS;
@@ -46,7 +51,8 @@ int rdv_is_aborted(const rdv_t *h) {
 
 /* Spin until *kword != seen, abort, or the budget runs out. No sched_yield:
  * with an unrelated task on this CPU a yield can cost a whole time slice
- * (milliseconds); a waker that shares our CPU is handled by not spinning. */
+ * (milliseconds); a waker that shares our CPU is yielded to instead
+ * (yield_for_change). */
 static int spin_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t budget_ns) {
     int64_t start = rdv_now_ns();
     for (;;) {
@@ -81,6 +87,23 @@ static void note_space_waker(rdv_t *h, const uint32_t *kword) {
     WRITE_ONCE(h->space_same_cpu, (READ_ONCE(h->space_same_cpu) << 1 | same) & 0xf);
 }
 
+/* Give the CPU to whatever else is runnable on it until *kword != seen,
+ * abort, or the budget runs out. Used when our waker ran on our CPU lately:
+ * it cannot run while we spin, and a yield hands it the CPU at once, where
+ * a futex sleep costs a sleep and a wake syscall on top of the same switch
+ * (and a waiter that is not counted asleep spares the waker its wake). */
+static int yield_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t budget_ns) {
+    int64_t start = rdv_now_ns();
+    for (;;) {
+        /* relaxed: only a hint to stop waiting; as in spin_for_change */
+        if (READ_ONCE(*kword) != seen)
+            return 1;
+        if (rdv_is_aborted(h) || rdv_now_ns() - start >= budget_ns)
+            return 0;
+        rdv_yield();
+    }
+}
+
 /* Wait until *kword differs from seen (or spuriously); 0, -ETIMEDOUT or -EINTR.
  * Callers re-check their condition either way. */
 int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t seen,
@@ -90,13 +113,13 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t see
         return -ETIMEDOUT;
 
     int64_t budget = READ_ONCE(h->spin_ns); /* process-local hint; races only blur it */
-    int64_t spin = budget < left ? budget : left;
-    /* Lately whoever ended our waits ran on our CPU: it cannot run while
-     * we spin, so sleep at once and let it. */
-    if (__builtin_popcount(READ_ONCE(*same_cpu_history(h, kword))) >= 2)
-        spin = 0;
     int64_t t0 = rdv_now_ns();
-    if (spin_for_change(h, kword, seen, spin)) {
+    /* Lately whoever ended our waits ran on our CPU: it cannot run while
+     * we spin, so yield to it for a while instead, then sleep. The spin
+     * budget is left alone: it is learned from wakers on other CPUs. */
+    int same_cpu = __builtin_popcount(READ_ONCE(*same_cpu_history(h, kword))) >= 2;
+    if (same_cpu ? yield_for_change(h, kword, seen, RDV_YIELD_NS < left ? RDV_YIELD_NS : left)
+                 : spin_for_change(h, kword, seen, budget < left ? budget : left)) {
         note_space_waker(h, kword);
         return 0;
     }
@@ -126,7 +149,9 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t see
      * would have caught it (and saved the wake-up, which costs more); a wait
      * far beyond it means the peer is slow and spinning is waste. */
     int64_t waited = rdv_now_ns() - t0;
-    if (rc == 0 && waited < RDV_SPIN_MAX_NS && budget < RDV_SPIN_MAX_NS)
+    if (same_cpu)
+        ; /* nothing learned about spinning */
+    else if (rc == 0 && waited < RDV_SPIN_MAX_NS && budget < RDV_SPIN_MAX_NS)
         WRITE_ONCE(h->spin_ns, budget * 2);
     else if (waited > 16 * RDV_SPIN_MAX_NS && budget > RDV_SPIN_MIN_NS)
         WRITE_ONCE(h->spin_ns, budget / 2);

@@ -528,3 +528,27 @@ def insert_keys(name, worker, n, start, queue):
             pass
     queue.put(admitted)
     rdv.close()
+
+
+def echo_pinned_then_wait(name, cpu, count, queue):
+    """Pinned to cpu: echo `count` messages of "ping" back on "pong" (so its
+    waits learn where their sender runs), report "learned", then block in
+    one more recv and report its checksum."""
+    os.sched_setaffinity(0, {cpu})
+    rdv = shmrdv.Rendezvous(name, create=False)
+    for _ in range(count):
+        view = rdv.recv("ping", timeout=CHILD_TIMEOUT)
+        rdv.send("pong", view, timeout=CHILD_TIMEOUT)
+        del view
+    queue.put("learned")
+    view = rdv.recv("last", timeout=CHILD_TIMEOUT)
+    queue.put(checksum(view))
+
+
+def send_counter_many(name, key, count, batch):
+    """send_many of 0..count-1 (each a one-element int64 array), `batch` at a time."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    for start in range(0, count, batch):
+        rdv.send_many([(key, np.array([i], dtype=np.int64)) for i in range(start, min(count, start + batch))],
+                      timeout=CHILD_TIMEOUT)
+    rdv.close()
