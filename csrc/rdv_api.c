@@ -614,6 +614,32 @@ int rdv_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
                         timeout_ns));
 }
 
+static int do_send_many(rdv_t *h, const struct rdv_send_item *const *items, const void *const *srcs,
+                        uint32_t n, int64_t timeout_ns, uint32_t *sent) {
+    struct rdv_deadline d;
+    rdv_deadline_init(&d, timeout_ns);
+    for (uint32_t i = 0; i < n; i++) {
+        const struct rdv_send_item *it = items[i];
+        int64_t left = -1;
+        if (!d.forever && rdv_deadline_left(&d, &left) < 0)
+            left = 0; /* past the deadline: one try without waiting */
+        int rc = do_send(h, it->key, it->key_len, it->dtype, it->dtype_len, it->ndim, it->shape,
+                         it->strides, srcs[i], it->nbytes, left);
+        if (rc < 0)
+            return rc;
+        *sent = i + 1;
+    }
+    return 0;
+}
+
+int rdv_send_many(rdv_t *h, const struct rdv_send_item *const *items, const void *const *srcs,
+                  uint32_t n, int64_t timeout_ns, uint32_t *sent) {
+    *sent = 0;
+    if (n > RDV_MANY_MAX)
+        return -EINVAL;
+    WITH_REF(h, do_send_many(h, items, srcs, n, timeout_ns, sent));
+}
+
 /* A receive holds a reference for the call; on success it passes to the
  * payload handed out. */
 #define RECV_REF(h, call)                                                                          \
@@ -648,6 +674,63 @@ int rdv_recv_any_start(rdv_t *h, const char *keys, const uint32_t *key_lens, uin
                        int64_t timeout_ns, uint32_t flags, uint32_t *waiter, uint32_t *which,
                        struct rdv_msg_info *out) {
     RECV_REF(h, do_recv_any_start(h, keys, key_lens, nkeys, timeout_ns, flags, waiter, which, out));
+}
+
+/* Up to max messages queued under key, each popped as a recv pops one
+ * (its own crash-safe step) under one hold of the key's lock, each with a
+ * reference of its own for its payload: how many. */
+static uint32_t take_queued(rdv_t *h, const char *key, uint32_t key_len, uint32_t flags,
+                            struct rdv_msg_info *out, uint32_t max) {
+    uint32_t n = 0, idx;
+    if (max == 0 || rdv_index_acquire(h, key, key_len, RDV_INDEX_FIND, &idx) < 0)
+        return 0;
+    while (n < max && h->kslots[idx].count && rdv_get(h) == 0) {
+        if (rdv_queue_pop(h, &h->kslots[idx], key, key_len, (flags & RDV_RECV_LEASED) != 0, &out[n]) < 0) {
+            rdv_put(h);
+            break;
+        }
+        n++;
+    }
+    rdv_index_maybe_delete(h, idx);
+    rdv_index_release(h, idx);
+    return n;
+}
+
+/* The segment was cut during a batch: its messages may read zeros, so
+ * none is handed out (as RECV_REF fails a single receive). */
+static int drop_batch(rdv_t *h, struct rdv_msg_info *out, uint32_t *n) {
+    for (uint32_t i = 0; i < *n; i++)
+        rdv_release_payload(h, out[i].payload);
+    *n = 0;
+    return -EFBIG;
+}
+
+int rdv_recv_many(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns, uint32_t flags,
+                  uint32_t *waiter, struct rdv_msg_info *out, uint32_t max, uint32_t *n) {
+    *n = 0;
+    if (max == 0 || max > RDV_MANY_MAX) {
+        *waiter = 0;
+        return -EINVAL;
+    }
+    int rc = rdv_recv_start(h, key, key_len, timeout_ns, flags, waiter, out);
+    if (rc != 0)
+        return rc;
+    *n = 1 + take_queued(h, key, key_len, flags, out + 1, max - 1);
+    return rdv_damaged(h) ? drop_batch(h, out, n) : 0;
+}
+
+int rdv_recv_more(rdv_t *h, const char *key, uint32_t key_len, uint32_t flags,
+                  struct rdv_msg_info *out, uint32_t max, uint32_t *n) {
+    *n = 0;
+    if (check_key(key_len) < 0 || max > RDV_MANY_MAX)
+        return -EINVAL;
+    int rc = rdv_get(h);
+    if (rc < 0)
+        return rc;
+    *n = take_queued(h, key, key_len, flags, out, max);
+    rc = rdv_damaged(h) ? drop_batch(h, out, n) : 0;
+    rdv_put(h);
+    return rc;
 }
 
 int rdv_recv_wait(rdv_t *h, uint32_t *waiter, int64_t timeout_ns, uint32_t flags,

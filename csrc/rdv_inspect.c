@@ -43,7 +43,13 @@ static int do_stats(rdv_t *h, struct rdv_stats *out) {
     out->leases_dropped = READ_ONCE(h->khdr->leases_dropped); /* relaxed: a statistic */
     int64_t counted = rdv_index_live_keys(h);
     out->keys_counted = counted > 0 ? (uint64_t)counted : 0;
+    out->flags = h->khdr->seg_flags; /* a constant, written before the segment was published */
     return 0;
+}
+
+void rdv_mapping(rdv_t *h, uint64_t *base, uint64_t *len) {
+    *base = (uint64_t)(uintptr_t)h->base;
+    *len = h->map_len;
 }
 
 int rdv_stats(rdv_t *h, struct rdv_stats *out) { WITH_REF(h, do_stats(h, out)); }

@@ -80,7 +80,11 @@ static int open_done(rdv_t *h, int fd) {
 }
 
 int rdv_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out) {
-    int rc = rdv_segment_create(fd, arena_size, max_keys, out);
+    return rdv_create_flags(fd, arena_size, max_keys, 0, out);
+}
+
+int rdv_create_flags(int fd, uint64_t arena_size, uint64_t max_keys, uint32_t flags, rdv_t **out) {
+    int rc = rdv_segment_create(fd, arena_size, max_keys, flags, out);
     if (rc < 0)
         return rc;
     rdv_arena_init(*out);

@@ -101,11 +101,34 @@ int64_t rdv_file_size(int fd) {
     return fstat(fd, &st) < 0 ? -errno : (int64_t)st.st_size;
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14 */
+#endif
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
 #endif
 
-void *rdv_map(int fd, size_t len, int fresh, int *err) {
+/* A mapping that asks for huge pages: the advice must come before any page
+ * is faulted in (so no MAP_POPULATE), then the pages are populated as below,
+ * best effort. A kernel without transparent huge pages refuses the advice. */
+static void *map_huge(int fd, size_t len, int fresh, int *err) {
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        *err = -errno;
+        return NULL;
+    }
+    if (madvise(p, len, MADV_HUGEPAGE) < 0) {
+        *err = errno == EINVAL ? -EOPNOTSUPP : -errno;
+        munmap(p, len);
+        return NULL;
+    }
+    (void)madvise(p, len, fresh ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+    return p;
+}
+
+void *rdv_map(int fd, size_t len, int fresh, int huge, int *err) {
+    if (huge)
+        return map_huge(fd, len, fresh, err);
     /* Which way of faulting every page in is fastest depends on the pages
      * (measured on 1-4 GiB, benchmarks/test_bench_open.py): pages just
      * reserved and never touched fault one at a time, and MADV_POPULATE_WRITE

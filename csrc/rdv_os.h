@@ -36,7 +36,9 @@ int64_t rdv_file_size(int fd);
  * effort): a first touch of a shared page costs ~8x a copy into it. fresh:
  * the file was just reserved and no page of it touched yet (creation), which
  * changes how pages are best faulted in. NULL on failure with *err = -errno. */
-void *rdv_map(int fd, size_t len, int fresh, int *err);
+/* huge: advise transparent huge pages (MADV_HUGEPAGE) before any page is
+ * faulted in; whether the pages are huge is up to the kernel and the mount. */
+void *rdv_map(int fd, size_t len, int fresh, int huge, int *err);
 /* Map len bytes of fd read-only (to read a header), NULL on failure. */
 const void *rdv_map_readonly(int fd, size_t len, int *err);
 void rdv_unmap(const void *p, size_t len);

@@ -13,6 +13,7 @@ static uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * t
 
 struct layout {
     uint64_t slots, procs_off, index_off, side_off, arena_off, arena_size, total;
+    uint32_t flags; /* RDV_CREATE_*, as the header's seg_flags */
 };
 
 static void plan(struct layout *l, uint64_t arena_size, uint64_t slots) {
@@ -93,7 +94,7 @@ static void unwatch_range(rdv_t *h) {
 
 static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
     int err = 0;
-    uint8_t *base = rdv_map(fd, l->total, fresh, &err);
+    uint8_t *base = rdv_map(fd, l->total, fresh, (l->flags & RDV_CREATE_HUGE_PAGES) != 0, &err);
     if (!base)
         return err;
     rdv_t *h = calloc(1, sizeof *h);
@@ -197,14 +198,16 @@ static int validate_state(rdv_t *h) {
     return 0;
 }
 
-int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out) {
-    if (arena_size == 0 || arena_size > RDV_MAX_ARENA || max_keys == 0 || max_keys > RDV_MAX_KEYS)
+int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, uint32_t flags, rdv_t **out) {
+    if (arena_size == 0 || arena_size > RDV_MAX_ARENA || max_keys == 0 || max_keys > RDV_MAX_KEYS ||
+        (flags & ~(uint32_t)RDV_CREATE_HUGE_PAGES))
         return -EINVAL;
     uint64_t slots = 64;
     while (slots < 2 * max_keys) /* load factor at most 1/2 */
         slots *= 2;
     struct layout l;
     plan(&l, round_up(arena_size, RDV_PAGE), slots);
+    l.flags = flags;
     /* Held until rdv_segment_publish, or dropped with the caller's file
      * description if creation fails or we die: attachers that meanwhile
      * find magic 0 wait while it is held (see rdv_segment_attach). */
@@ -228,6 +231,7 @@ int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **o
     khdr->arena_size = l.arena_size;
     khdr->max_keys = max_keys;
     khdr->creator_pid = (uint32_t)rdv_pid();
+    khdr->seg_flags = flags;
     rdv_random(khdr->hash_seed, sizeof khdr->hash_seed);
     return 0;
 }
@@ -256,7 +260,10 @@ static int validate(const struct rdv_header *khdr, uint64_t file_size, int creat
         arena > RDV_MAX_ARENA || arena % RDV_PAGE || khdr->max_keys == 0 ||
         khdr->max_keys > slots / 2)
         return -EBADMSG;
+    if (khdr->seg_flags & ~(uint32_t)RDV_CREATE_HUGE_PAGES)
+        return -EBADMSG;
     plan(l, arena, slots);
+    l->flags = khdr->seg_flags; /* a constant: attachers map it as its creator did */
     if (khdr->index_off != l->index_off || khdr->side_off != l->side_off ||
         khdr->arena_off != l->arena_off || khdr->total_size != l->total)
         return -EBADMSG;

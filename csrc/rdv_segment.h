@@ -13,7 +13,7 @@
  * is invisible to attachers until rdv_segment_publish. Takes the creator's
  * byte lock (RDV_CREATOR_LOCK_BYTE) first, on fd's file description, and
  * rdv_segment_publish (given the same fd) drops it. */
-int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out);
+int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, uint32_t flags, rdv_t **out);
 void rdv_segment_publish(rdv_t *h, int fd);
 /* Validate the header of an existing segment, map it and check that its
  * running state is in range. -EAGAIN: still being created (its creator

@@ -60,10 +60,21 @@ struct rdv_stats {
     /* Live keys as max_keys counts them: keys, unless an insert or delete is
      * in progress (a check on the crash-safe count). */
     uint64_t keys_counted;
+    uint32_t flags; /* RDV_CREATE_* its creator asked for */
 };
 
 /* Lifecycle. fd is an open POSIX shm object; the caller closes it afterwards. */
 int rdv_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out);
+/* rdv_create with flags: RDV_CREATE_HUGE_PAGES maps the segment, in the
+ * creator and in every process that attaches, with transparent huge pages
+ * advised (MADV_HUGEPAGE) before its pages are faulted in: huge if the
+ * file system gives them (tmpfs mounted huge=always, within_size or
+ * advise). -EOPNOTSUPP if the kernel has no transparent huge pages. */
+#define RDV_CREATE_HUGE_PAGES 1
+int rdv_create_flags(int fd, uint64_t arena_size, uint64_t max_keys, uint32_t flags, rdv_t **out);
+/* Where this handle maps its segment: for a caller that asks the kernel how
+ * the mapping is backed (/proc/self/smaps). */
+void rdv_mapping(rdv_t *h, uint64_t *base, uint64_t *len);
 int rdv_attach(int fd, rdv_t **out);
 /* Drop this handle's own reference. The mapping stays until every view and
  * every call in flight has let go of it (see rdv_release_payload). */
@@ -130,6 +141,42 @@ int rdv_recv_leased(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout
 /* flags of the calls below */
 #define RDV_RECV_LEASED 1 /* take the message leased (see rdv_recv_leased) */
 #define RDV_RECV_ASYNC 2  /* enqueue without waiting; rdv_recv_poll tells when it is served */
+/* Messages one rdv_send_many or rdv_recv_many moves at most: bounds how
+ * long a batch holds a key's lock. */
+#define RDV_MANY_MAX 1024
+
+/* What rdv_send_many sends for one kind of message: rdv_send's arguments
+ * but the source, the same for every message of one key, dtype and shape. */
+struct rdv_send_item {
+    const char *key;
+    const char *dtype;
+    const int64_t *shape;
+    const int64_t *strides;
+    uint64_t nbytes;
+    uint32_t key_len;
+    uint32_t dtype_len;
+    uint32_t ndim;
+    uint32_t reserved;
+};
+/* rdv_send of (*items[i], srcs[i]) for i in [0, n), in order, n <=
+ * RDV_MANY_MAX, all within one timeout_ns (each waits for room as rdv_send
+ * does, up to what is left). 0 once all are sent; else the error of item
+ * *sent, the count queued before it (those stay sent). */
+int rdv_send_many(rdv_t *h, const struct rdv_send_item *const *items, const void *const *srcs,
+                  uint32_t n, int64_t timeout_ns, uint32_t *sent);
+/* rdv_recv_start for key's oldest message into out[0], then, if it got one,
+ * up to max - 1 more that are queued under key by then (no wait for them),
+ * in order, into out[1..]: *n in all (1 <= *n <= max <= RDV_MANY_MAX), each
+ * payload released on its own. Returns and *waiter as rdv_recv_start's;
+ * a message that comes through rdv_recv_wait is one: take what else is
+ * queued then with rdv_recv_more. */
+int rdv_recv_many(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns, uint32_t flags,
+                  uint32_t *waiter, struct rdv_msg_info *out, uint32_t max, uint32_t *n);
+/* Up to max messages queued under key now, without waiting, in order: 0
+ * with *n (possibly 0). */
+int rdv_recv_more(rdv_t *h, const char *key, uint32_t key_len, uint32_t flags,
+                  struct rdv_msg_info *out, uint32_t max, uint32_t *n);
+
 /* Keys one rdv_recv_any_start waits on at most. */
 #define RDV_ANY_MAX 64
 

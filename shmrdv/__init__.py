@@ -20,6 +20,7 @@ from .errors import (
     RendezvousError,
     RendezvousTimeout,
     SegmentMismatch,
+    HugePagesUnavailable,
     TooManyKeys,
 )
 from .group import Group
@@ -68,6 +69,7 @@ __all__ = [
     "RendezvousError",
     "RendezvousTimeout",
     "SegmentMismatch",
+    "HugePagesUnavailable",
     "Stats",
     "TooManyKeys",
     "connect",

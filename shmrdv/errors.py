@@ -48,6 +48,10 @@ class SegmentMismatch(RendezvousError):
     """The shared-memory segment is not a compatible, intact shmrdv rendezvous."""
 
 
+class HugePagesUnavailable(RendezvousError):
+    """``huge_pages=True`` on a machine whose /dev/shm gives no huge pages (the message says why and what would)."""
+
+
 class InvalidArgument(RendezvousError, ValueError):
     """An argument has the right type but a value shmrdv cannot accept."""
 

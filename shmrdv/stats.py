@@ -48,6 +48,13 @@ class Stats:
     """Live keys as ``max_keys`` counts them (a crash-safe count kept beside
     the index): equal to ``keys`` whenever no send or receive is creating or
     deleting a key."""
+    huge_pages: bool = False
+    """Whether the rendezvous was created with ``huge_pages=True`` (every
+    process maps it asking for transparent huge pages)."""
+    huge_page_bytes: int = 0
+    """How many bytes of this process's mapping of the segment are backed by
+    huge pages now (the kernel's ``ShmemPmdMapped``); the mapping is
+    ``capacity`` plus about 1 % for the header and the key index."""
 
 
 @dataclass(frozen=True)

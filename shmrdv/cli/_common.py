@@ -126,3 +126,13 @@ def open_showing_progress(name: str, size: "int | None", stream: "Any" = None) -
         reporter.join()
     stream.write(f"created rendezvous {name!r}: {human_bytes(size)}\n")
     return rdv
+
+
+def pages_text(st: Any) -> str:
+    """How a segment's pages are backed, for ``shmrdv stat``."""
+    from ..segments import human_bytes
+
+    if not st.huge_pages:
+        return "4 KiB (created without huge_pages)"
+    return (f"huge pages asked for (huge_pages=True): {human_bytes(st.huge_page_bytes)} of this process's mapping "
+            f"is on huge pages")

@@ -32,5 +32,6 @@ def run(args: argparse.Namespace) -> int:
         who = [f"{p.pid}{'' if p.alive else ' (dead)'}" for p in procs] + [f"{pid} (dead, reclaimed)" for pid in dead]
         print(f"{name:<32} {human_bytes(size):>10} {human_bytes(st.capacity):>10} {human_bytes(st.bytes_used):>10} "
               f"{st.live_blocks:>7} {human_bytes(st.bytes_free):>10} {human_bytes(st.largest_free):>10} "
-              f"{st.pending_messages:>8} {st.keys:>6}  {', '.join(who) or 'none'}{'  ABORTED' if st.aborted else ''}")
+              f"{st.pending_messages:>8} {st.keys:>6}  {', '.join(who) or 'none'}{'  ABORTED' if st.aborted else ''}"
+              f"{'  HUGE PAGES: ' + human_bytes(st.huge_page_bytes) + ' mapped huge' if st.huge_pages else ''}")
     return 0

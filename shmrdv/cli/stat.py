@@ -8,7 +8,7 @@ import time
 
 from ..rendezvous import Rendezvous
 from ..segments import human_bytes, others
-from ._common import count, rendezvous_name
+from ._common import count, pages_text, rendezvous_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  arena     {human_bytes(st.capacity)}: {human_bytes(st.bytes_used)} live in {st.live_blocks} blocks, "
           f"{human_bytes(st.bytes_free)} free, largest free block {human_bytes(st.largest_free)}")
     print(f"  messages  {st.pending_messages} pending on {st.keys} keys (index holds {st.max_keys}); {st.waiters} waiting receivers")
+    print(f"  pages     {pages_text(st)}")
     if keys:
         print(f"  keys ({min(len(keys), args.keys)} of {len(keys)}):")
         for k in keys[: args.keys]:
