@@ -19,6 +19,7 @@ import numpy as np
 from .common import CHILD_LIFETIME_S, KiB, MiB, ROUND_TRIP_SIZES, SIZES, human_size, parse_size
 from .measure import held_views_memory, keys_scaling, process_scaling, round_trip_row, throughput_row, timed_round_trips, timed_stream
 from .processes import ChildFailed, Placement, allowed_cpus, pinned, placement, sweep_segments, untold_failure
+from . import mpi_p2p
 from .transports import PEERS, TRANSPORTS, open_peer
 
 # ---------------------------------------------------------------------------
@@ -43,6 +44,7 @@ class Plan:
     rss_sizes: List[int]
     rss_views: int
     max_stream_count: int = 10_000_000
+    huge_pages: bool = False  # shmrdv's rendezvous created with huge_pages=True
 
     @staticmethod
     def for_mode(mode: str) -> "Plan":
@@ -116,6 +118,7 @@ class Results:
     held_views: List[Dict[str, Any]] = field(default_factory=list)
     targets: List[Dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    huge_pages: bool = False
 
     def gbps(self, transport: str, nbytes: int) -> Optional[float]:
         for row in self.throughput:
@@ -135,13 +138,36 @@ def _placements() -> List[Placement]:
     return [placement(name) for name in ("apart", "same") if name == "same" or len(allowed_cpus()) > 1]
 
 
+def _measure_mpi(plan: Plan, results: Results, progress: Progress) -> None:
+    """Open MPI's point to point: its streams pinned apart and its round trips
+    in each placement, in one mpirun per placement (``mpi_p2p``)."""
+    label = TRANSPORTS["mpi"].label
+    trips = [(nbytes, plan.round_trip_s, plan.max_round_trips, plan.round_trip_warmup) for nbytes in ROUND_TRIP_SIZES]
+    for index, where in enumerate(_placements()):
+        streams = [(nbytes, plan.stream_s, plan.max_stream_count) for nbytes in plan.sizes] if index == 0 else []
+        out = mpi_p2p.run(where.name, (where.parent_cpu, where.child_cpu), streams, trips)
+        for row in out["stream"]:
+            figure = throughput_row("mpi", where.name, row["bytes"], row["messages"], row["seconds"])
+            results.throughput.append(figure)
+            progress.step(f"{label:<22} {human_size(row['bytes']):>8} one-way: {figure['gbps']:8.3f} GB/s "
+                          f"{figure['msgs_per_s']:>11,.0f} msg/s")
+        for row in out["round_trip"]:
+            figure = round_trip_row("mpi", where.name, row["bytes"], row["times_s"])
+            results.round_trip.append(figure)
+            progress.step(f"{label:<22} {human_size(row['bytes']):>8} round trip, {where.name}: "
+                          f"median {figure['median_us']:7.1f} us, p99 {figure['p99_us']:7.1f} us")
+
+
 def _measure_transport(name: str, plan: Plan, results: Results, progress: Progress, lifetime_s: int) -> None:
     transport = TRANSPORTS[name]
+    if name == "mpi":
+        _measure_mpi(plan, results, progress)
+        return
     placements = _placements()
     where = placements[0]
     with pinned(where.parent_cpu), open_peer(name, where.child_cpu, lifetime_s) as peer:
-        for nbytes in plan.sizes:
-            peer.resize(nbytes)
+        for nbytes in (n for n in plan.sizes if transport.measures(n)):
+            peer.resize(nbytes, huge_pages=plan.huge_pages)
             count, seconds = timed_stream(peer, plan.stream_s, plan.max_stream_count)
             row = throughput_row(name, where.name, nbytes, count, seconds)
             results.throughput.append(row)
@@ -206,12 +232,25 @@ def evaluate_targets(results: Results) -> List[Dict[str, Any]]:
                         "met": None if ratio is None else ratio >= goal, "detail": detail})
 
     for placement_name in ("apart", "same"):
-        ours, best = results.rtt("shmrdv", placement_name, 64), _best_peer_rtt(results, placement_name, 64)
+        ours, best = results.rtt("shmrdv", placement_name, 64), results.rtt("pipe", placement_name, 64)
         if ours and best:
-            add(f"64 B round trip, {placement_name}: best peer / shmrdv (median)", best["median_us"] / ours["median_us"],
-                5.0 if placement_name == "apart" else 0.0,
+            add(f"64 B round trip, {placement_name}: mp.Pipe / shmrdv (median)", best["median_us"] / ours["median_us"],
+                5.0 if placement_name == "apart" else 2.0,
                 f"shmrdv {ours['median_us']:.1f} us (p99 {ours['p99_us']:.1f}) vs {best['label']} "
                 f"{best['median_us']:.1f} us (p99 {best['p99_us']:.1f}); p99 ratio {best['p99_us'] / ours['p99_us']:.2f}x")
+    for ways, peer_name, goal in ((("shmrdv-many",), "pipe", 5.0), (("shmrdv-many",), "faster-fifo", 2.0)):
+        for way in ways:
+            ours_gbps, theirs = results.gbps(way, 4 * KiB), results.gbps(peer_name, 4 * KiB)
+            if ours_gbps and theirs:
+                add(f"4 KiB streaming, {TRANSPORTS[way].label}: x {TRANSPORTS[peer_name].label}", ours_gbps / theirs,
+                    goal, f"{ours_gbps:.3f} vs {theirs:.3f} GB/s")
+    for placement_name in ("apart", "same"):
+        ours, mpi = results.rtt("shmrdv", placement_name, 64), results.rtt("mpi", placement_name, 64)
+        if ours and mpi:
+            add(f"64 B round trip, {placement_name}: Open MPI / shmrdv (median)", mpi["median_us"] / ours["median_us"],
+                1.0 if placement_name == "apart" else 1 / 1.5,
+                f"shmrdv {ours['median_us']:.1f} us vs Open MPI {mpi['median_us']:.1f} us; "
+                f"shmrdv p99/median {ours['p99_us'] / ours['median_us']:.2f}")
     peer, peer_gbps = _best_peer_gbps(results, 4 * KiB)
     for way in ("shmrdv", "shmrdv-alloc"):
         ours_gbps = results.gbps(way, 4 * KiB)
@@ -247,7 +286,8 @@ def markdown(results: Results) -> str:
     names = [n for n in TRANSPORTS if any(r["transport"] == n for r in results.throughput)]
     peers = [n for n in PEERS if n in names]
     sizes = sorted({r["bytes"] for r in results.throughput})
-    lines = ["### One-way throughput, GB/s (messages/s up to 64 KiB), producer and consumer pinned apart", "",
+    pages = " (shmrdv on huge pages)" if results.huge_pages else ""
+    lines = [f"### One-way throughput, GB/s (messages/s up to 64 KiB), producer and consumer pinned apart{pages}", "",
              "| size | " + " | ".join(TRANSPORTS[n].label for n in names) + " |",
              "|---|" + "---:|" * len(names)]
     for nbytes in sizes:
@@ -367,6 +407,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--from-json", metavar="FILE",
                         help="measure nothing: print the tables (and --plot) of a run saved with --json")
+    parser.add_argument("--huge-pages", action="store_true",
+                        help="create shmrdv's rendezvous with huge_pages=True (needs a /dev/shm that gives huge "
+                             "pages: a tmpfs mounted huge=within_size, always or advise)")
     parser.add_argument("--collectives", action="store_true",
                         help="measure shmrdv.Group's collectives against Open MPI (mpi4py) and gloo instead")
     parser.add_argument("--world-size", type=int, default=2, metavar="N",
@@ -401,8 +444,8 @@ def _load_results(path: str) -> Results:
 def count_steps(plan: Plan, names: List[str], growth: bool) -> int:
     """How many progress steps a run of `plan` over transports `names` has: what the loops above measure."""
     placements = len(_placements())
-    steps = sum(len(plan.sizes) + (placements * len(ROUND_TRIP_SIZES) if TRANSPORTS[n].round_trip else 0)
-                for n in names)
+    steps = sum(len([s for s in plan.sizes if TRANSPORTS[n].measures(s)]) +
+                (placements * len(ROUND_TRIP_SIZES) if TRANSPORTS[n].round_trip else 0) for n in names)
     if growth and "shmrdv" in names:
         steps += len(plan.pairs) + len(plan.pending_keys) + len(plan.rss_sizes)
     return steps
@@ -450,6 +493,13 @@ def run(args: argparse.Namespace) -> int:
     plan = Plan.for_mode("full" if args.full else "smoke" if args.smoke else "quick")
     if args.sizes:
         plan.sizes = list(args.sizes)
+    if args.huge_pages:
+        from ..huge_pages import offered
+
+        offer = offered()
+        if not offer.available:
+            raise OptionsError(f"--huge-pages: {offer.why}")
+        plan.huge_pages = True
     wanted = [n.strip() for n in args.transports.split(",") if n.strip()]
     unknown = [n for n in wanted if n not in TRANSPORTS]
     if unknown:
@@ -457,7 +507,7 @@ def run(args: argparse.Namespace) -> int:
     if not wanted:
         raise OptionsError(f"--transports names none; known: {', '.join(TRANSPORTS)}")
     results = Results(machine=machine(), command="shmrdv bench " + " ".join(sys.argv[2:] if len(sys.argv) > 1 else []),
-                      mode=plan.mode)
+                      mode=plan.mode, huge_pages=plan.huge_pages)
     names = []
     for name in (n for n in TRANSPORTS if n in wanted):
         why = TRANSPORTS[name].missing()

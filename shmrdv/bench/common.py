@@ -29,6 +29,11 @@ DEPTH = 8
 # Source arrays a producer cycles through: more than DEPTH can hold, so none is
 # rewritten while a transport may still read it.
 POOL = DEPTH + 3
+# Batched transports (send_many, put_many) send this many messages per call;
+# their consumers take up to BATCH_MAX per call.
+BATCH = 64
+BATCH_MAX = 256
+BATCH_BYTES = 16 * 1024 * 1024  # at most this much per batch: fewer, larger messages per call
 # Stamps are float32: exact integers up to 2**24.
 _STAMP_MODULO = 1 << 24
 

@@ -13,7 +13,8 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
-from .common import _STAMP_MODULO, CHILD_LIFETIME_S, DATA_DTYPE, DEPTH, MESSAGE_TIMEOUT_S, POOL, arena_bytes, whole_pages
+from .common import _STAMP_MODULO, BATCH, BATCH_BYTES, BATCH_MAX, CHILD_LIFETIME_S, DATA_DTYPE, DEPTH, MESSAGE_TIMEOUT_S, POOL, arena_bytes, whole_pages
+from . import mpi_p2p
 from .processes import Children, _reply, _ring_segment, unique_name
 
 # ---------------------------------------------------------------------------
@@ -34,21 +35,32 @@ def check(array: np.ndarray, number: int, nbytes: int) -> None:
         )
 
 
-class Pool:
-    """The producer's source arrays for one size, built as they are first needed."""
+def batch_for(nbytes: int) -> int:
+    """Messages per call of a batched producer: BATCH, fewer for large messages."""
+    return max(1, min(BATCH, BATCH_BYTES // max(nbytes, 1)))
 
-    def __init__(self) -> None:
+
+class Pool:
+    """The producer's source arrays for one size, built as they are first needed.
+    A batched producer's pool has a distinct array for each message of a batch
+    (the batch is read when it is sent, after all of it is stamped)."""
+
+    def __init__(self, batched: bool = False) -> None:
         self.nbytes = -1
+        self.slots = POOL
+        self.batched = batched
         self.arrays: List[np.ndarray] = []
 
     def build(self, nbytes: int) -> None:
         """Build every array for `nbytes` now (outside any timing)."""
-        self.get(nbytes, POOL - 1)
+        self.get(nbytes, 0)
+        self.get(nbytes, self.slots - 1)
 
     def get(self, nbytes: int, index: int) -> np.ndarray:
         if nbytes != self.nbytes:
             self.nbytes, self.arrays = nbytes, []
-        slot = index % POOL
+            self.slots = max(POOL, batch_for(nbytes)) if self.batched else POOL
+        slot = index % self.slots
         while len(self.arrays) <= slot:
             self.arrays.append(np.full(nbytes // 4, len(self.arrays), dtype=DATA_DTYPE))
         return self.arrays[slot]
@@ -70,6 +82,8 @@ class Endpoint:
     # Whether the producer sends from the POOL source arrays (and builds them
     # up front when asked to): at 256 MiB they take 2.75 GiB.
     uses_pool = True
+    # Whether the consumer takes messages in batches (receive_batch) when streaming.
+    batched = False
 
     def __init__(self, side: int, channel: Any) -> None:
         self.side = side
@@ -87,6 +101,10 @@ class Endpoint:
 
     def receive_one(self, keep: bool = False) -> np.ndarray:
         """The next message as a float32 array; with `keep` it stays valid after later receives."""
+        raise NotImplementedError
+
+    def receive_batch(self) -> List[np.ndarray]:
+        """Batched transports: the next messages, at least one, as many as are there (up to BATCH_MAX)."""
         raise NotImplementedError
 
     def produce(self, count: int, first: int, pool: Pool) -> None:
@@ -283,11 +301,13 @@ class ShmrdvEndpoint(Endpoint):
         self.owner = side == 0
         self.outbox, self.inbox = ("down", "up") if side == 0 else ("up", "down")
 
-    def prepare(self, nbytes: int, pending_keys: int = 0, size: int = 0, **options: Any) -> Any:
+    def prepare(self, nbytes: int, pending_keys: int = 0, size: int = 0, huge_pages: bool = False,
+                **options: Any) -> Any:
         self._drop()
         arena = whole_pages(size or arena_bytes(nbytes))
         max_keys = max(1024, 2 * pending_keys + 1024)
-        self.rdv = self.shmrdv.Rendezvous(unique_name(), create=True, size=arena, max_keys=max_keys)
+        self.rdv = self.shmrdv.Rendezvous(unique_name(), create=True, size=arena, max_keys=max_keys,
+                                          huge_pages=huge_pages)
         fill_pending_keys(self.rdv, pending_keys)
         return self.rdv.name
 
@@ -327,6 +347,60 @@ class ShmrdvAllocEndpoint(ShmrdvEndpoint):
                 stamp(buffer, number)
 
 
+class ShmrdvManyEndpoint(ShmrdvEndpoint):
+    """shmrdv ``send_many``/``recv_many``: the producer sends BATCH messages
+    per call, the consumer takes what is queued, up to BATCH_MAX, per call."""
+
+    batched = True
+
+    def produce(self, count: int, first: int, pool: Pool) -> None:
+        rdv, key, nbytes = self.rdv, self.outbox, self.nbytes
+        batch = batch_for(nbytes)
+        for start in range(first, first + count, batch):
+            items = []
+            for number in range(start, min(first + count, start + batch)):
+                source = pool.get(nbytes, number)
+                stamp(source, number)
+                items.append((key, source))
+            rdv.send_many(items, timeout=MESSAGE_TIMEOUT_S)
+
+    def receive_batch(self) -> List[np.ndarray]:
+        return self.rdv.recv_many(self.inbox, BATCH_MAX, timeout=MESSAGE_TIMEOUT_S)  # type: ignore[no-any-return]
+
+
+class FasterFifoEndpoint(Endpoint):
+    """faster-fifo ``Queue`` (a shared-memory ring of pickled messages), one
+    per direction: ``put``/``get``, and streaming with its batch API,
+    ``put_many`` of BATCH and ``get_many`` of up to BATCH_MAX."""
+
+    batched = True
+
+    def __init__(self, side: int, channel: Tuple[Any, Any]) -> None:
+        super().__init__(side, channel)
+        down, up = channel
+        self.outbox, self.inbox = (down, up) if side == 0 else (up, down)
+
+    def send_one(self, array: Any) -> None:
+        self.outbox.put(array, timeout=MESSAGE_TIMEOUT_S)
+
+    def receive_one(self, keep: bool = False) -> np.ndarray:
+        return self.inbox.get(timeout=MESSAGE_TIMEOUT_S)  # type: ignore[no-any-return]
+
+    def receive_batch(self) -> List[np.ndarray]:
+        return self.inbox.get_many(timeout=MESSAGE_TIMEOUT_S, max_messages_to_get=BATCH_MAX)  # type: ignore[no-any-return]
+
+    def produce(self, count: int, first: int, pool: Pool) -> None:
+        nbytes = self.nbytes
+        batch = batch_for(nbytes)
+        for start in range(first, first + count, batch):
+            items = []
+            for number in range(start, min(first + count, start + batch)):
+                source = pool.get(nbytes, number)
+                stamp(source, number)
+                items.append(source)
+            self.outbox.put_many(items, timeout=MESSAGE_TIMEOUT_S)
+
+
 def fill_pending_keys(rdv: Any, count: int) -> None:
     """Queue one 64 B message under each of `count` distinct keys, never received."""
     message = np.zeros(16, dtype=DATA_DTYPE)
@@ -356,6 +430,18 @@ def _torch_queue_channel(context: Any) -> Tuple[Any, Any, Callable[[], None]]:
     return (down, up), (down, up), lambda: None
 
 
+# faster-fifo's ring: room for a batch of its largest messages
+FASTER_FIFO_MAX_BYTES = 1 << 20
+FASTER_FIFO_RING_BYTES = 64 << 20
+
+
+def _faster_fifo_channel(context: Any) -> Tuple[Any, Any, Callable[[], None]]:
+    from faster_fifo import Queue
+
+    down, up = Queue(max_size_bytes=FASTER_FIFO_RING_BYTES), Queue(max_size_bytes=FASTER_FIFO_RING_BYTES)
+    return (down, up), (down, up), lambda: None
+
+
 def _zmq_channel(context: Any) -> Tuple[Any, Any, Callable[[], None]]:
     directory = tempfile.mkdtemp(prefix="shmrdv-bench-zmq-")
     address = f"ipc://{directory}/pair"
@@ -375,12 +461,22 @@ class Transport:
     kind: str  # "shmrdv", "peer" or "limit"
     requires: Tuple[str, ...] = ()
     round_trip: bool = True
+    max_bytes: Optional[int] = None  # larger messages are not measured
+    check: Optional[Callable[[], Optional[str]]] = None  # why it cannot run here, beyond requires
+
+    def measures(self, nbytes: int) -> bool:
+        return self.max_bytes is None or nbytes <= self.max_bytes
 
     def missing(self) -> Optional[str]:
         """Why this transport cannot run here, or None."""
+        if self.check is not None:
+            why = self.check()
+            if why:
+                return why
         for module in self.requires:
             if importlib.util.find_spec(module) is None:
-                extra = {"zmq": "pip install pyzmq", "torch": "pip install torch"}.get(module, f"pip install {module}")
+                extra = {"zmq": "pip install pyzmq", "torch": "pip install torch",
+                         "faster_fifo": "pip install faster-fifo"}.get(module, f"pip install {module}")
                 return f"{module} is not installed ({extra})"
         return None
 
@@ -390,12 +486,17 @@ TRANSPORTS: Dict[str, Transport] = {
     for t in [
         Transport("shmrdv", "shmrdv send/recv", ShmrdvEndpoint, _no_channel, "shmrdv"),
         Transport("shmrdv-alloc", "shmrdv alloc/recv", ShmrdvAllocEndpoint, _no_channel, "shmrdv", round_trip=False),
+        Transport("shmrdv-many", "shmrdv send_many/recv_many", ShmrdvManyEndpoint, _no_channel, "shmrdv",
+                  round_trip=False),
         Transport("copyto", "np.copyto (1 process)", None, _no_channel, "limit", round_trip=False),
         Transport("queue", "mp.Queue", QueueEndpoint, _queue_channel, "peer"),
         Transport("pipe", "mp.Pipe", PipeEndpoint, _pipe_channel, "peer"),
         Transport("shm-ring", "shared_memory ring", RingEndpoint, _pipe_channel, "peer"),
         Transport("zmq", "pyzmq ipc", ZmqEndpoint, _zmq_channel, "peer", requires=("zmq",)),
         Transport("torch", "torch.mp.Queue", TorchQueueEndpoint, _torch_queue_channel, "peer", requires=("torch",)),
+        Transport("faster-fifo", "faster-fifo (get_many)", FasterFifoEndpoint, _faster_fifo_channel, "peer",
+                  requires=("faster_fifo",), max_bytes=FASTER_FIFO_MAX_BYTES),
+        Transport("mpi", "Open MPI (mpi4py)", None, _no_channel, "peer", check=mpi_p2p.missing),
     ]
 }
 PEERS = [name for name, t in TRANSPORTS.items() if t.kind == "peer"]
@@ -404,7 +505,7 @@ PEERS = [name for name, t in TRANSPORTS.items() if t.kind == "peer"]
 def _serve(transport_name: str, channel: Any, control: Connection) -> None:
     """A child's life: build its endpoint, then follow the parent's commands until "stop"."""
     endpoint = TRANSPORTS[transport_name].endpoint(1, channel)  # type: ignore[misc]
-    pool = Pool()
+    pool = Pool(endpoint.batched)
     control.send("ready")
     try:
         while True:
@@ -496,6 +597,14 @@ class Peer:
         self._next_number += count
         start = time.perf_counter()
         self._command("produce", count, first)
+        if self.endpoint.batched:
+            number, end, receive_batch = first, first + count, self.endpoint.receive_batch
+            while number < end:
+                for message in receive_batch():
+                    check(message, number, nbytes)
+                    number += 1
+                del message
+            return time.perf_counter() - start
         for number in range(first, first + count):
             message = receive()
             check(message, number, nbytes)

@@ -1,0 +1,57 @@
+"""Open MPI point to point (mpi4py ``comm.Send``/``comm.Recv`` of numpy
+arrays) as a transport of ``shmrdv bench``: one ``mpirun`` of two ranks per
+placement (``_mpi_p2p_worker``), shared memory only (``btl self,vader``).
+
+Pinned apart, each rank is bound to its own core, as the other transports'
+processes are; on one CPU both ranks pin themselves to it and Open MPI
+yields while it polls (``mpi_yield_when_idle``), since a rank that spins
+holds the CPU its peer needs. MPI busy-polls while it waits: an idle rank
+burns a core, which shmrdv's waits never do (they sleep).
+"""
+
+from __future__ import annotations
+import json
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any, Dict, List, Optional, Tuple
+
+from .collective_peers import _mpi_missing, _run_bounded, _sweep_stale_scratch, _tail, mpirun_command
+from .processes import SINGLE_THREADED_MATH, BenchmarkFailed
+
+_MARK = "mpi_p2p"
+TIMEOUT_S = 300.0
+
+
+def missing() -> Optional[str]:
+    """Why Open MPI cannot be measured here (no mpirun, no mpi4py), or None."""
+    return _mpi_missing()
+
+
+def run(placement: str, cpus: Tuple[int, int], streams: List[Tuple[int, float, int]],
+        round_trips: List[Tuple[int, float, int, int]], timeout_s: float = TIMEOUT_S) -> Dict[str, Any]:
+    """One mpirun of two ranks on `cpus` (rank 0 measures, rank 1 produces or
+    echoes): ``{"stream": [{"bytes", "messages", "seconds"}], "round_trip":
+    [{"bytes", "times_s"}]}``."""
+    spec = json.dumps({"cpus": list(cpus), "stream": [list(s) for s in streams],
+                       "round_trip": [list(r) for r in round_trips], "lifetime_s": int(timeout_s) + 5})
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, **SINGLE_THREADED_MATH)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    _sweep_stale_scratch(shm)
+    scratch = tempfile.mkdtemp(prefix=f"shmrdv-mpi-{os.getpid()}-", dir=shm)
+    try:
+        # each rank pins itself (the worker), so mpirun binds nothing
+        command = mpirun_command(2, False, scratch)
+        if placement == "same":
+            command += ["--mca", "mpi_yield_when_idle", "1"]
+        command += [sys.executable, "-m", "shmrdv.bench._mpi_p2p_worker", spec]
+        out = _run_bounded(command, timeout_s, env)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    for line in reversed(out.splitlines()):
+        if line.startswith("{") and _MARK in line:
+            return json.loads(line)[_MARK]  # type: ignore[no-any-return]
+    raise BenchmarkFailed(f"the Open MPI ranks printed no results\n{_tail(out)}")
