@@ -105,7 +105,7 @@ static rdv_t *make_segment(uint64_t arena_bytes, int *fdp) {
     int fd = memfd_create("shmrdv-unit-arena", MFD_CLOEXEC);
     CHECK(fd >= 0, "memfd_create: %s", strerror(errno));
     rdv_t *h;
-    int rc = rdv_segment_create(fd, arena_bytes, 16, &h);
+    int rc = rdv_segment_create(fd, arena_bytes, 16, 0, &h);
     CHECK(rc == 0, "rdv_segment_create: %d", rc);
     rc = rdv_segment_lock_fd(h, fd);
     CHECK(rc == 0, "rdv_segment_lock_fd: %d", rc);

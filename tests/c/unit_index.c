@@ -71,7 +71,7 @@ static rdv_t *make_segment(uint64_t max_keys, int *fdp) {
     int fd = memfd_create("shmrdv-unit-index", MFD_CLOEXEC);
     CHECK(fd >= 0, "memfd_create: %s", strerror(errno));
     rdv_t *h;
-    int rc = rdv_segment_create(fd, 64 << 10, max_keys, &h);
+    int rc = rdv_segment_create(fd, 64 << 10, max_keys, 0, &h);
     CHECK(rc == 0, "rdv_segment_create: %d", rc);
     rc = rdv_segment_lock_fd(h, fd);
     CHECK(rc == 0, "rdv_segment_lock_fd: %d", rc);
