@@ -44,6 +44,9 @@ def test_throughput(benchmark, peers, placement, transport: str, nbytes: int, re
     benchmark.group = f"throughput-{size_id(nbytes)}"
     if not benchmark.enabled:
         nbytes = min(nbytes, DISABLED_MAX_BYTES)
+    if not bench.TRANSPORTS[transport].measures(nbytes):
+        pytest.skip(f"{bench.TRANSPORTS[transport].label} carries messages of at most "
+                    f"{bench.TRANSPORTS[transport].max_bytes} bytes")
     peer = peers.get(transport, placement.child_cpu)
     peer.resize(nbytes, prebuild=benchmark.enabled)
     per_round = messages_per_round(nbytes) if benchmark.enabled else 1
