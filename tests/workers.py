@@ -227,6 +227,7 @@ def report_entry_then_recv(name, key, queue):
 SOAK_MAGIC = 0x5EED_50AC
 SOAK_SENT, SOAK_RECEIVED, SOAK_CORRUPT = 1, 2, 3
 SOAK_RECORD = "<QQQ"  # kind, message id, checksum: one os.write each, so a kill never tears one
+SOAK_BATCH = 4  # send_many / recv_many move up to this many messages
 
 
 def soak_message(message_id: int, n_words: int, rng) -> np.ndarray:
@@ -269,11 +270,30 @@ def soak_worker(name, incarnation, n_keys, log_path, stop_path, seed):
         message_id = incarnation << 32 | seq
         n_words = pick.choice((4, 16, 300, 5000))
         try:
+            if op < 0.1:  # a batch, numbered seq, seq + 1, ...
+                count = pick.randint(1, SOAK_BATCH)
+                items = [(key, soak_message(message_id + i, n_words, rng)) for i in range(count)]
+                try:
+                    rdv.send_many(items, timeout=0.5)
+                    done = count
+                except shmrdv.RendezvousTimeout as exc:
+                    done = exc.sent
+                for i in range(done):
+                    os.write(log, struct.pack(SOAK_RECORD, SOAK_SENT, message_id + i, 0))
+                seq += count
+                continue
             if op < 0.3:
                 rdv.send(key, soak_message(message_id, n_words, rng), timeout=0.5)
             elif op < 0.45:
                 with rdv.alloc(key, (n_words,), np.uint64, timeout=0.5) as buf:
                     buf[...] = soak_message(message_id, n_words, rng)
+            elif op < 0.52:  # what is queued, up to a batch
+                views = rdv.recv_many(key, SOAK_BATCH, timeout=0.02)
+                checked = [soak_check(view) for view in views]
+                del views
+                for got, intact in checked:
+                    os.write(log, struct.pack(SOAK_RECORD, SOAK_RECEIVED if intact else SOAK_CORRUPT, got, 0))
+                continue
             else:
                 if op < 0.6:  # first come, first served on two keys at once
                     other = f"soak-{(k + 1 + pick.randrange(max(1, n_keys - 1))) % n_keys}"
