@@ -305,11 +305,13 @@ def _send_form(dtype: np.dtype, shape: Tuple[int, ...]) -> _SendForm:
     return form
 
 
-def _thread_scratch() -> Tuple[Any, Any]:
-    """This thread's reusable rdv_msg_info and waiter word."""
+def _thread_scratch() -> Tuple[Any, Any, Any]:
+    """This thread's reusable rdv_msg_info, waiter word, and the info's bytes
+    (a buffer over it, made once: the descriptor is read through it)."""
     scratch = getattr(_per_thread, "scratch", None)
     if scratch is None:
-        scratch = _per_thread.scratch = (ffi.new("struct rdv_msg_info *"), ffi.new("uint32_t *"))
+        info = ffi.new("struct rdv_msg_info *")
+        scratch = _per_thread.scratch = (info, ffi.new("uint32_t *"), ffi.buffer(info))
     return scratch  # type: ignore[no-any-return]
 
 
@@ -966,13 +968,13 @@ class Rendezvous:
 
     # ---- receiving ---------------------------------------------------------
 
-    def _view(self, info: Any, writable: bool = False, as_torch: bool = False) -> Any:
+    def _view(self, info: Any, writable: bool = False, as_torch: bool = False, info_bytes: Any = None) -> Any:
         """The view of the message taken into info: an array, or with as_torch
         a torch tensor (over writable memory: torch has no read-only tensors,
         and warns about read-only arrays). A message this process cannot
         represent (bfloat16 without ml_dtypes; for a tensor, a dtype torch
         lacks) goes back to the head of its key, and InvalidType says why."""
-        desc = ffi.buffer(info)[_DESC_OFFSET : _DESC_OFFSET + 40 + 16 * info.ndim]
+        desc = (ffi.buffer(info) if info_bytes is None else info_bytes)[_DESC_OFFSET : _DESC_OFFSET + 40 + 16 * info.ndim]
         parsed = _descs.get(desc)
         if parsed is None:
             try:
@@ -1026,7 +1028,7 @@ class Rendezvous:
         if h is None:
             h = self._handle()
         scratch = getattr(_per_thread, "scratch", None)
-        info, waiter = scratch if scratch is not None else _thread_scratch()
+        info, waiter, info_bytes = scratch if scratch is not None else _thread_scratch()
         flags = lib.RDV_RECV_LEASED if lease else 0
         step = t if 0 <= t <= _FIRST_SLICE_NS else _FIRST_SLICE_NS  # _first_step, inline: the hot path
         try:
@@ -1035,7 +1037,7 @@ class Rendezvous:
                 rc = self._in_line(lambda ns: lib.rdv_recv_start(h, kb, len(kb), ns, flags, waiter, info), h, waiter,
                                    t, flags, ffi.NULL, info, step)
             if rc == 0:
-                return self._view(info, writable, as_torch)
+                return self._view(info, writable, as_torch, info_bytes)
         except BaseException:  # a signal handler's (Ctrl-C) between the calls: leave the line
             self._leave_line(h, waiter, flags, ffi.NULL, info)
             raise
@@ -1208,7 +1210,7 @@ class Rendezvous:
         tensor = check_as_torch(as_torch, f"recv_any {names!r}")
         t = -1 if timeout is None else _timeout_ns(timeout)
         h = self._handle()
-        info, waiter = _thread_scratch()
+        info, waiter, _ = _thread_scratch()
         which = ffi.new("uint32_t *")
         step = _first_step(t)
         try:
