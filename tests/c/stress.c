@@ -118,28 +118,66 @@ static void key_name(char *buf, int k) { snprintf(buf, 64, "/job:stress/task:0;k
 /* Every producer sends its message i to key i % KEYS. */
 static int messages_on_key(int k) { return PRODUCERS * (MESSAGES / KEYS + (k < MESSAGES % KEYS)); }
 
+#define BATCH 4 /* messages per rdv_send_many / rdv_recv_many of the odd producers and consumers */
+
+/* Producer id sends MESSAGES checksummed messages round the keys: the even
+ * ones one rdv_send at a time, the odd ones in rdv_send_many batches. */
 static uint64_t produce(const char *name, int id) {
     rdv_t *h = attach(name);
     uint64_t seed = 0x9e3779b97f4a7c15ULL * (id + 1), sum = 0;
-    static uint64_t words[MAX_WORDS];
-    for (int i = 0; i < MESSAGES; i++) {
-        uint32_t n = 2 + rng(&seed) % (MAX_WORDS - 2);
-        words[0] = n;
-        uint64_t x = 0;
-        for (uint32_t j = 1; j < n - 1; j++)
-            x += words[j] = rng(&seed);
-        words[n - 1] = x; /* checksum of the middle words */
-        sum += x;
-        char key[64];
-        key_name(key, i % KEYS);
-        int64_t shape[1] = {n}, strides[1] = {8};
-        int rc = rdv_send(h, key, strlen(key), "<u8", 3, 1, shape, strides, words, 8ull * n,
-                          TIMEOUT_NS);
+    static uint64_t words[BATCH][MAX_WORDS];
+    static char keys[BATCH][64];
+    static int64_t shapes[BATCH][1], strides[1] = {8};
+    struct rdv_send_item items[BATCH];
+    const struct rdv_send_item *item_ptrs[BATCH];
+    const void *srcs[BATCH];
+    int batch = id % 2 ? BATCH : 1;
+    for (int i = 0; i < MESSAGES; i += batch) {
+        int count = MESSAGES - i < batch ? MESSAGES - i : batch;
+        for (int b = 0; b < count; b++) {
+            uint32_t n = 2 + rng(&seed) % (MAX_WORDS - 2);
+            words[b][0] = n;
+            uint64_t x = 0;
+            for (uint32_t j = 1; j < n - 1; j++)
+                x += words[b][j] = rng(&seed);
+            words[b][n - 1] = x; /* checksum of the middle words */
+            sum += x;
+            key_name(keys[b], (i + b) % KEYS);
+            shapes[b][0] = n;
+            items[b] = (struct rdv_send_item){.key = keys[b], .key_len = strlen(keys[b]), .dtype = "<u8",
+                                              .dtype_len = 3, .ndim = 1, .shape = shapes[b],
+                                              .strides = strides, .nbytes = 8ull * n};
+            item_ptrs[b] = &items[b];
+            srcs[b] = words[b];
+        }
+        int rc;
+        if (batch == 1) {
+            rc = rdv_send(h, keys[0], items[0].key_len, "<u8", 3, 1, shapes[0], strides, words[0],
+                          items[0].nbytes, TIMEOUT_NS);
+        } else {
+            uint32_t sent;
+            rc = rdv_send_many(h, item_ptrs, srcs, (uint32_t)count, TIMEOUT_NS, &sent);
+            if (rc == 0 && sent != (uint32_t)count)
+                rc = -EBADMSG;
+        }
         if (rc)
             die("send", rc);
     }
     rdv_close(h);
     return sum;
+}
+
+/* Check one received message; its checksum. */
+static uint64_t checked(const struct rdv_msg_info *info) {
+    const uint64_t *w = info->payload;
+    uint64_t n = w[0], x = 0;
+    if (info->nbytes != 8 * n || info->ndim != 1 || info->dims[0] != (int64_t)n)
+        die("message shape", -EBADMSG);
+    for (uint64_t j = 1; j < n - 1; j++)
+        x += w[j];
+    if (x != w[n - 1])
+        die("payload checksum", -EBADMSG);
+    return x;
 }
 
 static uint64_t consume(const char *name, int id) {
@@ -156,27 +194,28 @@ static uint64_t consume(const char *name, int id) {
                 continue;
             char key[64];
             key_name(key, k);
-            struct rdv_msg_info info;
-            /* never block on one key while another's messages fill the arena */
-            int rc = rdv_recv(h, key, strlen(key), took ? 0 : 1000000, &info);
+            struct rdv_msg_info infos[BATCH];
+            uint32_t got = 1, waiter = 0;
+            /* never block on one key while another's messages fill the arena;
+             * the odd consumers take up to a batch at once */
+            int64_t wait_ns = took ? 0 : 1000000;
+            uint32_t most = id % 2 ? (remaining[k] < BATCH ? (uint32_t)remaining[k] : BATCH) : 1;
+            int rc = most == 1 ? rdv_recv(h, key, strlen(key), wait_ns, &infos[0])
+                               : rdv_recv_many(h, key, strlen(key), wait_ns, 0, &waiter, infos, most, &got);
+            if (rc < 0 && waiter && rdv_recv_cancel(h, &waiter, 0, NULL, &infos[0]) == 1)
+                rc = 0, got = 1; /* handed over as we left the line */
             if (rc == -EAGAIN || rc == -ETIMEDOUT)
                 continue;
             if (rc)
                 die("recv", rc);
-            const uint64_t *w = info.payload;
-            uint64_t n = w[0], x = 0;
-            if (info.nbytes != 8 * n || info.ndim != 1 || info.dims[0] != (int64_t)n)
-                die("message shape", -EBADMSG);
-            for (uint64_t j = 1; j < n - 1; j++)
-                x += w[j];
-            if (x != w[n - 1])
-                die("payload checksum", -EBADMSG);
-            sum += x;
-            int slot = rng(&seed) % HOLD; /* keep this view, drop an older one */
-            if (held[slot] && (rc = rdv_release_payload(h, held[slot])))
-                die("release", rc);
-            held[slot] = info.payload;
-            remaining[k]--, left--, took++;
+            for (uint32_t b = 0; b < got; b++) {
+                sum += checked(&infos[b]);
+                int slot = rng(&seed) % HOLD; /* keep this view, drop an older one */
+                if (held[slot] && (rc = rdv_release_payload(h, held[slot])))
+                    die("release", rc);
+                held[slot] = infos[b].payload;
+                remaining[k]--, left--, took++;
+            }
         }
     }
     for (int i = 0; i < HOLD; i++)
