@@ -360,7 +360,9 @@ def plot(results: Results, path: str) -> None:
 
     styles = {"shmrdv": ("tab:red", "o", "-"), "shmrdv-alloc": ("tab:red", "s", "--"), "copyto": ("black", "", ":"),
               "queue": ("tab:blue", "v", "-"), "pipe": ("tab:purple", "^", "-"), "shm-ring": ("tab:green", "D", "-"),
-              "zmq": ("tab:orange", "P", "-"), "torch": ("tab:gray", "X", "-")}
+              "zmq": ("tab:orange", "P", "-"), "torch": ("tab:gray", "X", "-"),
+              "shmrdv-many": ("tab:red", "^", "-."), "faster-fifo": ("tab:brown", "*", "-"),
+              "mpi": ("tab:cyan", "h", "-")}
     figure, axes = plt.subplots(figsize=(8, 5), dpi=110)
     for name in TRANSPORTS:
         rows = sorted((r for r in results.throughput if r["transport"] == name), key=lambda r: r["bytes"])
