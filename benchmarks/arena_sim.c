@@ -135,7 +135,7 @@ static void real_open(struct alloc *a, uint64_t arena_bytes) {
     a->memfd = memfd_create("arena_sim", MFD_CLOEXEC);
     if (a->memfd < 0)
         fatal("memfd_create: %s", strerror(errno));
-    int rc = rdv_segment_create(a->memfd, arena_bytes, 1, &a->h);
+    int rc = rdv_segment_create(a->memfd, arena_bytes, 1, 0, &a->h);
     if (rc < 0)
         fatal("rdv_segment_create: %s (%llu bytes)", strerror(-rc), (unsigned long long)arena_bytes);
     a->h->ops.alive = real_alive;

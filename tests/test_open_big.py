@@ -35,8 +35,8 @@ def ofd_lock(fd: int, byte: int) -> None:
 
 
 class _SlowLib:
-    """shmrdv's compiled core, but rdv_create takes the creator's lock and
-    then waits before it starts: a creator reserving a very big arena."""
+    """shmrdv's compiled core, but rdv_create_flags takes the creator's lock
+    and then waits before it starts: a creator reserving a very big arena."""
 
     def __init__(self, lib, delay: float, started) -> None:
         self._lib, self._delay, self._started = lib, delay, started
@@ -44,11 +44,11 @@ class _SlowLib:
     def __getattr__(self, name):
         return getattr(self._lib, name)
 
-    def rdv_create(self, fd, arena, max_keys, out):
+    def rdv_create_flags(self, fd, arena, max_keys, flags, out):
         ofd_lock(fd, CREATOR_LOCK_BYTE)  # what the core does first, on the same file description
         self._started.set()
         time.sleep(self._delay)
-        return self._lib.rdv_create(fd, arena, max_keys, out)
+        return self._lib.rdv_create_flags(fd, arena, max_keys, flags, out)
 
 
 def slow_creator(name, started, done):
