@@ -86,9 +86,12 @@ def machine() -> Dict[str, Any]:
     info["shmrdv"] = shmrdv.__version__
     # versions from the installed metadata: importing torch (a second, and
     # its thread pools) into the measuring process would change what it measures
-    for module, dist in (("zmq", "pyzmq"), ("torch", "torch")):
+    for module, dist in (("zmq", "pyzmq"), ("torch", "torch"), ("mpi4py", "mpi4py"), ("faster_fifo", "faster-fifo")):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             info[module] = importlib.metadata.version(dist)
+    open_mpi = mpi_p2p.version()
+    if open_mpi:
+        info["open_mpi"] = open_mpi
     return info
 
 

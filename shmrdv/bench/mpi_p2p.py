@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from typing import Any, Dict, List, Optional, Tuple
@@ -22,6 +23,18 @@ from .processes import SINGLE_THREADED_MATH, BenchmarkFailed
 
 _MARK = "mpi_p2p"
 TIMEOUT_S = 300.0
+
+
+def version() -> Optional[str]:
+    """Open MPI's version as ``mpirun --version`` says it, or None without mpirun."""
+    if shutil.which("mpirun") is None:
+        return None
+    try:
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    words = out.split()
+    return words[3] if len(words) > 3 and words[:3] == ["mpirun", "(Open", "MPI)"] else None
 
 
 def missing() -> Optional[str]:
