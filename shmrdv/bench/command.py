@@ -348,7 +348,7 @@ def markdown(results: Results) -> str:
         lines += ["", "### Targets", "", "| target | ratio | goal | met | figures |", "|---|---:|---:|---|---|"]
         for t in results.targets:
             met = "—" if not t["goal"] else ("yes" if t["met"] else "**no**")
-            lines.append(f"| {t['target']} | {t['ratio']:.2f}x | {'≥ %gx' % t['goal'] if t['goal'] else 'report'} | {met} | {t['detail']} |")
+            lines.append(f"| {t['target']} | {t['ratio']:.2f}x | {'≥ %.3gx' % t['goal'] if t['goal'] else 'report'} | {met} | {t['detail']} |")
     if results.skipped:
         lines += [""] + [f"Skipped {TRANSPORTS[n].label}: {why}." for n, why in results.skipped.items()]
     return "\n".join(lines)
