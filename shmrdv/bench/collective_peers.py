@@ -268,6 +268,15 @@ def run_mpi(cases: Sequence[Tuple[str, int]] = OPS, world_size: int = 2, pin: bo
         return None
     plan = _plan(cases, world_size, iters_for, smoke, MPI_COST)
     spec = json.dumps({"cases": plan, "lifetime_s": int(timeout_s) + 5})
+    return launch_mpi(lambda scratch: mpirun_command(world_size, pin, scratch) +  # type: ignore[no-any-return]
+                      [sys.executable, "-m", "shmrdv.bench._mpi_worker", spec], timeout_s, _MARK)
+
+
+def launch_mpi(command_for: Callable[[str], List[str]], timeout_s: float, mark: str) -> Any:
+    """Run the mpirun command line `command_for(scratch)` builds (scratch: a
+    directory for Open MPI's segments and session files, removed afterwards),
+    this package importable by its ranks, bounded by timeout_s; what rank 0
+    printed under `mark`, in its last line of JSON that has it."""
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, **SINGLE_THREADED_MATH)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
@@ -275,13 +284,12 @@ def run_mpi(cases: Sequence[Tuple[str, int]] = OPS, world_size: int = 2, pin: bo
     _sweep_stale_scratch(shm)
     scratch = tempfile.mkdtemp(prefix=f"shmrdv-mpi-{os.getpid()}-", dir=shm)
     try:
-        command = mpirun_command(world_size, pin, scratch) + [sys.executable, "-m", "shmrdv.bench._mpi_worker", spec]
-        out = _run_bounded(command, timeout_s, env)
+        out = _run_bounded(command_for(scratch), timeout_s, env)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     for line in reversed(out.splitlines()):
-        if line.startswith("{") and _MARK in line:
-            return json.loads(line)[_MARK]
+        if line.startswith("{") and mark in line:
+            return json.loads(line)[mark]
     raise BenchmarkFailed(f"the Open MPI ranks printed no results\n{_tail(out)}")
 
 

@@ -11,15 +11,12 @@ burns a core, which shmrdv's waits never do (they sleep).
 
 from __future__ import annotations
 import json
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
-from .collective_peers import _mpi_missing, _run_bounded, _sweep_stale_scratch, _tail, mpirun_command
-from .processes import SINGLE_THREADED_MATH, BenchmarkFailed
+from .collective_peers import _mpi_missing, launch_mpi, mpirun_command
 
 _MARK = "mpi_p2p"
 TIMEOUT_S = 300.0
@@ -49,22 +46,10 @@ def run(placement: str, cpus: Tuple[int, int], streams: List[Tuple[int, float, i
     [{"bytes", "times_s"}]}``."""
     spec = json.dumps({"cpus": list(cpus), "stream": [list(s) for s in streams],
                        "round_trip": [list(r) for r in round_trips], "lifetime_s": int(timeout_s) + 5})
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, **SINGLE_THREADED_MATH)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    _sweep_stale_scratch(shm)
-    scratch = tempfile.mkdtemp(prefix=f"shmrdv-mpi-{os.getpid()}-", dir=shm)
-    try:
+
+    def command(scratch: str) -> List[str]:
         # each rank pins itself (the worker), so mpirun binds nothing
-        command = mpirun_command(2, False, scratch)
-        if placement == "same":
-            command += ["--mca", "mpi_yield_when_idle", "1"]
-        command += [sys.executable, "-m", "shmrdv.bench._mpi_p2p_worker", spec]
-        out = _run_bounded(command, timeout_s, env)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    for line in reversed(out.splitlines()):
-        if line.startswith("{") and _MARK in line:
-            return json.loads(line)[_MARK]  # type: ignore[no-any-return]
-    raise BenchmarkFailed(f"the Open MPI ranks printed no results\n{_tail(out)}")
+        yields = ["--mca", "mpi_yield_when_idle", "1"] if placement == "same" else []
+        return mpirun_command(2, False, scratch) + yields + [sys.executable, "-m", "shmrdv.bench._mpi_p2p_worker", spec]
+
+    return launch_mpi(command, timeout_s, _MARK)  # type: ignore[no-any-return]

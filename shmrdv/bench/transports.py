@@ -10,7 +10,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from .common import _STAMP_MODULO, BATCH, BATCH_BYTES, BATCH_MAX, CHILD_LIFETIME_S, DATA_DTYPE, DEPTH, MESSAGE_TIMEOUT_S, POOL, arena_bytes, whole_pages
@@ -347,6 +347,18 @@ class ShmrdvAllocEndpoint(ShmrdvEndpoint):
                 stamp(buffer, number)
 
 
+def stamped_batches(pool: Pool, nbytes: int, first: int, count: int) -> Iterator[List[np.ndarray]]:
+    """Messages first .. first + count - 1 of a batched producer, stamped, batch_for(nbytes) at a time."""
+    batch = batch_for(nbytes)
+    for start in range(first, first + count, batch):
+        sources = []
+        for number in range(start, min(first + count, start + batch)):
+            source = pool.get(nbytes, number)
+            stamp(source, number)
+            sources.append(source)
+        yield sources
+
+
 class ShmrdvManyEndpoint(ShmrdvEndpoint):
     """shmrdv ``send_many``/``recv_many``: the producer sends BATCH messages
     per call, the consumer takes what is queued, up to BATCH_MAX, per call."""
@@ -354,51 +366,30 @@ class ShmrdvManyEndpoint(ShmrdvEndpoint):
     batched = True
 
     def produce(self, count: int, first: int, pool: Pool) -> None:
-        rdv, key, nbytes = self.rdv, self.outbox, self.nbytes
-        batch = batch_for(nbytes)
-        for start in range(first, first + count, batch):
-            items = []
-            for number in range(start, min(first + count, start + batch)):
-                source = pool.get(nbytes, number)
-                stamp(source, number)
-                items.append((key, source))
-            rdv.send_many(items, timeout=MESSAGE_TIMEOUT_S)
+        rdv, key = self.rdv, self.outbox
+        for sources in stamped_batches(pool, self.nbytes, first, count):
+            rdv.send_many([(key, source) for source in sources], timeout=MESSAGE_TIMEOUT_S)
 
     def receive_batch(self) -> List[np.ndarray]:
         return self.rdv.recv_many(self.inbox, BATCH_MAX, timeout=MESSAGE_TIMEOUT_S)  # type: ignore[no-any-return]
 
 
-class FasterFifoEndpoint(Endpoint):
+class FasterFifoEndpoint(QueueEndpoint):
     """faster-fifo ``Queue`` (a shared-memory ring of pickled messages), one
-    per direction: ``put``/``get``, and streaming with its batch API,
-    ``put_many`` of BATCH and ``get_many`` of up to BATCH_MAX."""
+    per direction: ``put``/``get`` as ``mp.Queue``'s, and streaming with its
+    batch API, ``put_many`` of BATCH and ``get_many`` of up to BATCH_MAX."""
 
     batched = True
 
-    def __init__(self, side: int, channel: Tuple[Any, Any]) -> None:
-        super().__init__(side, channel)
-        down, up = channel
-        self.outbox, self.inbox = (down, up) if side == 0 else (up, down)
-
-    def send_one(self, array: Any) -> None:
-        self.outbox.put(array, timeout=MESSAGE_TIMEOUT_S)
-
-    def receive_one(self, keep: bool = False) -> np.ndarray:
-        return self.inbox.get(timeout=MESSAGE_TIMEOUT_S)  # type: ignore[no-any-return]
+    def close(self) -> None:
+        pass  # no feeder thread; the rings go with the channel's last holder
 
     def receive_batch(self) -> List[np.ndarray]:
         return self.inbox.get_many(timeout=MESSAGE_TIMEOUT_S, max_messages_to_get=BATCH_MAX)  # type: ignore[no-any-return]
 
     def produce(self, count: int, first: int, pool: Pool) -> None:
-        nbytes = self.nbytes
-        batch = batch_for(nbytes)
-        for start in range(first, first + count, batch):
-            items = []
-            for number in range(start, min(first + count, start + batch)):
-                source = pool.get(nbytes, number)
-                stamp(source, number)
-                items.append(source)
-            self.outbox.put_many(items, timeout=MESSAGE_TIMEOUT_S)
+        for sources in stamped_batches(pool, self.nbytes, first, count):
+            self.outbox.put_many(sources, timeout=MESSAGE_TIMEOUT_S)
 
 
 def fill_pending_keys(rdv: Any, count: int) -> None:
