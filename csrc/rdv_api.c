@@ -684,8 +684,11 @@ static uint32_t take_queued(rdv_t *h, const char *key, uint32_t key_len, uint32_
     uint32_t n = 0, idx;
     if (max == 0 || rdv_index_acquire(h, key, key_len, RDV_INDEX_FIND, &idx) < 0)
         return 0;
-    while (n < max && h->kslots[idx].count && rdv_get(h) == 0) {
+    /* an abort drains each key under its lock after setting the state: a
+     * message still here then is the drain's */
+    while (n < max && h->kslots[idx].count && !rdv_is_aborted(h) && rdv_get(h) == 0) {
         if (rdv_queue_pop(h, &h->kslots[idx], key, key_len, (flags & RDV_RECV_LEASED) != 0, &out[n]) < 0) {
+            out[n].payload = NULL; /* described, then refused (a hash collision): not ours */
             rdv_put(h);
             break;
         }
@@ -699,10 +702,19 @@ static uint32_t take_queued(rdv_t *h, const char *key, uint32_t key_len, uint32_
 /* The segment was cut during a batch: its messages may read zeros, so
  * none is handed out (as RECV_REF fails a single receive). */
 static int drop_batch(rdv_t *h, struct rdv_msg_info *out, uint32_t *n) {
-    for (uint32_t i = 0; i < *n; i++)
+    for (uint32_t i = 0; i < *n; i++) {
         rdv_release_payload(h, out[i].payload);
+        out[i].payload = NULL;
+    }
     *n = 0;
     return -EFBIG;
+}
+
+/* Entries a batch call did not fill say so: a caller that is interrupted
+ * gives back exactly the payloads it finds set. */
+static void clear_payloads(struct rdv_msg_info *out, uint32_t from, uint32_t max) {
+    for (uint32_t i = from; i < max; i++)
+        out[i].payload = NULL;
 }
 
 int rdv_recv_many(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns, uint32_t flags,
@@ -712,9 +724,12 @@ int rdv_recv_many(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_n
         *waiter = 0;
         return -EINVAL;
     }
+    clear_payloads(out, 0, max);
     int rc = rdv_recv_start(h, key, key_len, timeout_ns, flags, waiter, out);
-    if (rc != 0)
+    if (rc != 0) {
+        out[0].payload = NULL;
         return rc;
+    }
     *n = 1 + take_queued(h, key, key_len, flags, out + 1, max - 1);
     return rdv_damaged(h) ? drop_batch(h, out, n) : 0;
 }
@@ -724,6 +739,9 @@ int rdv_recv_more(rdv_t *h, const char *key, uint32_t key_len, uint32_t flags,
     *n = 0;
     if (check_key(key_len) < 0 || max > RDV_MANY_MAX)
         return -EINVAL;
+    clear_payloads(out, 0, max);
+    if (rdv_is_aborted(h))
+        return -ECONNABORTED;
     int rc = rdv_get(h);
     if (rc < 0)
         return rc;
@@ -791,6 +809,33 @@ int rdv_give_back(rdv_t *h, void *payload) {
     if (rc < 0)
         rdv_arena_free(h, pos); /* aborted, or no key slot for it */
     rdv_put(h); /* the payload's reference */
+    return rc;
+}
+
+int rdv_give_back_many(rdv_t *h, void *const *payloads, uint32_t n) {
+    uint64_t pos[RDV_MANY_MAX];
+    if (n > RDV_MANY_MAX)
+        return -EINVAL;
+    if (rdv_forked(h))
+        return 0; /* the parent's */
+    if (rdv_damaged(h)) {
+        for (uint32_t i = 0; i < n; i++)
+            rdv_put(h); /* as in rdv_give_back */
+        return 0;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        int rc = payload_pos(h, payloads[i], &pos[i]);
+        if (rc < 0)
+            return rc;
+    }
+    int rc = rdv_queue_give_back_many(h, pos, n);
+    if (rc == -EINVAL)
+        return rc; /* not views of ours of one key: nothing changed */
+    for (uint32_t i = 0; i < n; i++) {
+        if (rc < 0)
+            rdv_arena_free(h, pos[i]); /* aborted, or no key slot for them */
+        rdv_put(h); /* each payload's reference */
+    }
     return rc;
 }
 

@@ -89,11 +89,16 @@ int rdv_byte_locked_by_other(int fd, uint64_t byte) {
     return fl.l_type != F_UNLCK;
 }
 
-int rdv_file_reserve(int fd, uint64_t len) {
-    if (ftruncate(fd, (off_t)len) < 0)
-        return -errno;
+int rdv_file_resize(int fd, uint64_t len) { return ftruncate(fd, (off_t)len) < 0 ? -errno : 0; }
+
+int rdv_file_allocate(int fd, uint64_t len) {
     int err = posix_fallocate(fd, 0, (off_t)len);
     return err ? -err : 0;
+}
+
+int rdv_file_reserve(int fd, uint64_t len) {
+    int rc = rdv_file_resize(fd, len);
+    return rc < 0 ? rc : rdv_file_allocate(fd, len);
 }
 
 int64_t rdv_file_size(int fd) {

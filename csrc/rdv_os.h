@@ -30,6 +30,9 @@ int rdv_byte_locked_by_other(int fd, uint64_t byte);
 /* Size fd to len bytes and reserve every page (a full /dev/shm fails here,
  * not later with SIGBUS). 0 or -errno. */
 int rdv_file_reserve(int fd, uint64_t len);
+/* Its two halves: the size, then every page allocated. */
+int rdv_file_resize(int fd, uint64_t len);
+int rdv_file_allocate(int fd, uint64_t len);
 /* fd's size, or -errno. */
 int64_t rdv_file_size(int fd);
 /* Map len bytes of fd at offset 0, shared, read-write, faulted in now (best

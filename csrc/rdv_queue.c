@@ -264,6 +264,50 @@ int rdv_queue_give_back(rdv_t *h, uint64_t pos) {
     return 0;
 }
 
+int rdv_queue_give_back_many(rdv_t *h, const uint64_t *pos, uint32_t n) {
+    struct rdv_msg *ms[RDV_MANY_MAX];
+    if (n == 0 || n > RDV_MANY_MAX)
+        return n ? -EINVAL : 0;
+    for (uint32_t i = 0; i < n; i++) { /* all ours, all of one key, before anything changes */
+        uint64_t len;
+        struct rdv_msg *m = ms[i] = rdv_block_at(h, pos[i], &len);
+        /* relaxed: our own views' headers */
+        if (!m || READ_ONCE(m->stage) != RDV_MSG_DELIVERED || m->owner != h->me + 1 || !rdv_msg_key_fits(m, len))
+            return -EINVAL;
+        if (i && (m->key_len != ms[0]->key_len || memcmp(rdv_msg_key(m), rdv_msg_key(ms[0]), m->key_len) != 0))
+            return -EINVAL;
+    }
+    /* Leased first, each: if we die from here on, those not linked yet go
+     * back to the key by lease recovery (in allocation order, ahead of what
+     * is queued), so ahead of those linked: in order either way. */
+    for (uint32_t i = 0; i < n; i++)
+        WRITE_ONCE(ms[i]->flags, RDV_MSG_LEASED); /* relaxed: ordered by the releases below */
+    struct rdv_msg *first = ms[0];
+    uint32_t idx;
+    int rc = rdv_index_acquire(h, rdv_msg_key(first), first->key_len, RDV_INDEX_RESTORE, &idx);
+    if (rc < 0)
+        return rc; /* still our leased views: the caller frees them */
+    struct rdv_slot *s = &h->kslots[idx];
+    if (rdv_is_aborted(h)) {
+        rdv_index_maybe_delete(h, idx);
+        rdv_index_release(h, idx);
+        return -ECONNABORTED;
+    }
+    for (uint32_t i = n; i-- > 0;) { /* the last first, each to the head: they end in order */
+        struct rdv_msg *m = ms[i];
+        uint32_t g = rdv_link_of(pos[i]);
+        m->next = s->q_head;
+        /* release: the link lands before the head reaches it; each its own commit point */
+        smp_store_release(&s->q_head, g);
+        if (s->q_tail == 0)
+            s->q_tail = g;
+        s->count++;
+        rdv_queue_requeue(m);
+    }
+    serve_and_release(h, idx);
+    return 0;
+}
+
 void rdv_queue_requeue(struct rdv_msg *m) {
     /* relaxed, then release twice: the releases keep the stage store ahead
      * of the other two against our death (a cut in program order): QUEUED

@@ -62,6 +62,11 @@ int rdv_queue_take(rdv_t *h, uint32_t granule, int leased, struct rdv_msg_info *
  * -EINVAL if pos is not such a view; on -ECONNABORTED and -ENOSPC it stays
  * our (leased) view, for the caller to free. */
 int rdv_queue_give_back(rdv_t *h, uint64_t pos);
+/* rdv_queue_give_back of n views of ours of one key, under one hold of its
+ * lock, so that they end at its head in the order of pos (or are handed to
+ * its waiters, oldest to oldest). -EINVAL, nothing changed, unless all are
+ * such views of one key; as rdv_queue_give_back otherwise. */
+int rdv_queue_give_back_many(rdv_t *h, const uint64_t *pos, uint32_t n);
 /* Make a block QUEUED again (owner and flags cleared), in an order that a
  * death in the middle leaves repairable. */
 void rdv_queue_requeue(struct rdv_msg *m);

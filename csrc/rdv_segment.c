@@ -214,12 +214,21 @@ int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, uint32_t 
     int rc = rdv_byte_lock(fd, RDV_CREATOR_LOCK_BYTE);
     if (rc < 0)
         return rc;
-    rc = rdv_file_reserve(fd, l.total);
+    /* Huge pages: tmpfs allocates a page as the faulting mapping advises
+     * (huge=advise), and posix_fallocate has no mapping: so size the file,
+     * map it with the advice and populate it, then allocate what is left,
+     * which still fails here, cleanly, when /dev/shm is short of room. */
+    int huge = (flags & RDV_CREATE_HUGE_PAGES) != 0;
+    rc = huge ? rdv_file_resize(fd, l.total) : rdv_file_reserve(fd, l.total);
     if (rc < 0)
         return rc;
     rc = map_segment(fd, &l, 1, out);
     if (rc < 0)
         return rc;
+    if (huge && (rc = rdv_file_allocate(fd, l.total)) < 0) {
+        rdv_segment_discard(*out);
+        return rc;
+    }
     struct rdv_header *khdr = (*out)->khdr; /* a new tmpfs file reads as zeros */
     khdr->version = RDV_LAYOUT_VERSION;
     khdr->header_size = sizeof *khdr;

@@ -173,9 +173,17 @@ int rdv_send_many(rdv_t *h, const struct rdv_send_item *const *items, const void
 int rdv_recv_many(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_ns, uint32_t flags,
                   uint32_t *waiter, struct rdv_msg_info *out, uint32_t max, uint32_t *n);
 /* Up to max messages queued under key now, without waiting, in order: 0
- * with *n (possibly 0). */
+ * with *n (possibly 0). Both calls set out[i].payload to NULL for every
+ * entry of out[0..max) they do not fill. */
 int rdv_recv_more(rdv_t *h, const char *key, uint32_t key_len, uint32_t flags,
                   struct rdv_msg_info *out, uint32_t max, uint32_t *n);
+/* rdv_give_back of payloads[0..n), views of ours of one key (a batch
+ * received and not handed out), under one hold of the key's lock: they are
+ * at the head of the key in this order, or handed to its waiters, the
+ * oldest message to the oldest waiter. -EINVAL (nothing changed) unless
+ * all are views of ours of one key; aborted, or no slot for the key: they
+ * are freed (-ECONNABORTED, -ENOSPC), as rdv_give_back does. */
+int rdv_give_back_many(rdv_t *h, void *const *payloads, uint32_t n);
 
 /* Keys one rdv_recv_any_start waits on at most. */
 #define RDV_ANY_MAX 64

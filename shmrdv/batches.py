@@ -8,27 +8,32 @@ argument work around it; the messages themselves are those of ``send`` and
 
 from __future__ import annotations
 import errno
+import threading
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
+from . import async_recv
 from . import rendezvous as _rendezvous  # it imports this module: its names are read at call time
 from ._binding import ffi, lib
 from .codec import _MAX_CACHED, _key_cache, as_sendable
 from .codec import key_bytes as _key_bytes
 from .codec import timeout_ns as _timeout_ns
-from .errors import InvalidArgument, InvalidType, RendezvousError
+from .errors import InvalidArgument, InvalidType, RendezvousError, SegmentMismatch
 from .tensors import tensor_dtype_ok
 
 if TYPE_CHECKING:
     from .rendezvous import Rendezvous
 
+_per_thread = threading.local()  # each thread's batch of message infos
+
 MANY_MAX = lib.RDV_MANY_MAX
 """Messages one core call of a batch moves at most; longer batches take several calls."""
 
-_SLICE_NS = 10_000_000  # a blocking call returns this often, so signal handlers run (Ctrl-C)
+_SLICE_NS = 10_000_000  # a blocking call's first slice: signal handlers run between slices (Ctrl-C)
+_MAX_SLICE_NS = 1_000_000_000
 
 class _Kind:
     """The core's item for one (key, dtype, shape): everything but the
@@ -57,11 +62,11 @@ def _kind(key: object, arr: np.ndarray) -> _Kind:
     return kind
 
 
-def _step(deadline: Optional[int]) -> int:
+def _step(deadline: Optional[int], slice_ns: int) -> int:
     """The timeout of the next core call: a slice, or what is left of the deadline."""
     if deadline is None:
-        return _SLICE_NS
-    return max(0, min(_SLICE_NS, deadline - time.monotonic_ns()))
+        return slice_ns
+    return max(0, min(slice_ns, deadline - time.monotonic_ns()))
 
 
 class _Prepared:
@@ -110,25 +115,35 @@ def send_many(rdv: "Rendezvous", items: Iterable[Tuple[str, Any]], timeout: Opti
     t = _timeout_ns(timeout)
     deadline = None if t < 0 else time.monotonic_ns() + t
     batch = items if type(items) is list else list(items)
-    if rdv._routes is not None and any(rdv._routes.url_for(item[0]) is not None for item in batch
-                                       if isinstance(item, (tuple, list)) and len(item) == 2):
+    chunks = [_prepare(batch[at:at + MANY_MAX], at) for at in range(0, len(batch), MANY_MAX)]  # checks all first
+    if rdv._routes is not None and any(rdv._routes.url_for(kind.key) is not None
+                                       for prepared in chunks for kind in prepared.kinds):
         return _send_each(rdv, batch, deadline)
-    chunks = [_prepare(batch[at:at + MANY_MAX], at) for at in range(0, len(batch), MANY_MAX)]
     h = rdv._handle()
     sent = ffi.new("uint32_t *")
     total = 0
-    for prepared in chunks:
-        count, done = len(prepared.kinds), 0
-        while done < count:
-            step = _step(deadline)
-            rc = lib.rdv_send_many(h, prepared.items + done, prepared.srcs + done, count - done, step, sent)
-            done += sent[0]
-            if rc == 0:
-                break
-            if rc == -errno.EINTR or (rc == -errno.ETIMEDOUT and (deadline is None or time.monotonic_ns() < deadline)):
-                continue  # a slice ran out or a signal came: its handler has run; go on
-            _fail_at(rdv, rc, prepared, done, total + done, timeout)
-        total += count
+    try:
+        for prepared in chunks:
+            count, done = len(prepared.kinds), 0
+            slice_ns = _SLICE_NS
+            while done < count:
+                rc = lib.rdv_send_many(h, prepared.items + done, prepared.srcs + done, count - done,
+                                       _step(deadline, slice_ns), sent)
+                done += sent[0]
+                if rc == 0:
+                    break
+                if rc == -errno.EINTR or (rc == -errno.ETIMEDOUT and (deadline is None or time.monotonic_ns() < deadline)):
+                    # a slice ran out or a signal came (its handler runs now). Slices
+                    # double, as _blocking's do: a call that waits long enough looks
+                    # for dead processes whose space it can reclaim (the core does
+                    # that 50 ms into a wait).
+                    slice_ns = min(2 * slice_ns, _MAX_SLICE_NS)
+                    continue
+                _fail_at(rdv, rc, prepared, done, total + done, timeout)
+            total += count
+    finally:
+        if _rendezvous._async_pending[0]:
+            async_recv.after_send()  # a future of ours a message served is done when we return, as with send
     return total
 
 
@@ -148,10 +163,9 @@ def _fail_at(rdv: "Rendezvous", rc: int, prepared: _Prepared, index: int, sent: 
 
 
 def _send_each(rdv: "Rendezvous", batch: List[Any], deadline: Optional[int]) -> int:
-    """A batch with keys routed to other hosts: each message sent on its own, in order."""
+    """A batch with keys routed to other hosts (every item already checked):
+    each message sent on its own, in order."""
     for index, item in enumerate(batch):
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise InvalidType(f"send_many: item {index} must be a (key, array) pair, not {type(item).__name__}")
         left = None if deadline is None else max(0, deadline - time.monotonic_ns()) / 1e9
         try:
             rdv.send(item[0], item[1], timeout=left)
@@ -163,12 +177,12 @@ def _send_each(rdv: "Rendezvous", batch: List[Any], deadline: Optional[int]) -> 
     return len(batch)
 
 
-def _count(max_count: object) -> int:
-    if isinstance(max_count, bool) or not isinstance(max_count, (int, np.integer)):
-        raise InvalidType(f"max_count must be an int, not {type(max_count).__name__}")
-    if not 1 <= max_count:
-        raise InvalidArgument(f"max_count must be at least 1, got {max_count}")
-    return int(max_count)
+def _infos() -> Any:
+    """This thread's MANY_MAX message infos, made once (a batch fills what it takes)."""
+    infos = getattr(_per_thread, "infos", None)
+    if infos is None:
+        infos = _per_thread.infos = ffi.new("struct rdv_msg_info[]", MANY_MAX)
+    return infos
 
 
 def recv_many(rdv: "Rendezvous", key: str, max_count: int, timeout: Optional[float], lease: bool,
@@ -180,11 +194,11 @@ def recv_many(rdv: "Rendezvous", key: str, max_count: int, timeout: Optional[flo
         kb = _key_bytes(key)
     t = _timeout_ns(timeout)
     h = rdv._handle()
-    infos = ffi.new("struct rdv_msg_info[]", count)
+    infos = _infos()
     waiter, n = ffi.new("uint32_t *"), ffi.new("uint32_t *")
     flags = lib.RDV_RECV_LEASED if lease else 0
     step = t if 0 <= t <= _SLICE_NS else _SLICE_NS
-    taken = 0
+    made: List[Tuple[Any, Any]] = []  # (payload, its owner) of each view made, in order
     try:
         rc = lib.rdv_recv_many(h, kb, len(kb), step, flags, waiter, infos, count, n)
         taken = n[0]
@@ -192,63 +206,97 @@ def recv_many(rdv: "Rendezvous", key: str, max_count: int, timeout: Optional[flo
             rc = rdv._in_line(lambda ns: lib.rdv_recv_many(h, kb, len(kb), ns, flags, waiter, infos, count, n), h,
                               waiter, t, flags, ffi.NULL, infos + 0, step)
             taken = n[0]
-            if rc == 0 and taken == 0:  # served through the line: the first message; the rest that are queued
+            if rc == 0 and taken == 0:  # served through the line: the first message; then what is queued
                 taken = 1
                 if count > 1 and lib.rdv_recv_more(h, kb, len(kb), flags, infos + 1, count - 1, n) == 0:
                     taken += n[0]
-    except BaseException:  # a signal handler's (Ctrl-C): nothing taken is lost, and the order is kept
-        for j in range(taken - 1, 0, -1):
-            _give_back_unviewed(rdv, (infos + j))
-        rdv._leave_line(h, waiter, flags, ffi.NULL, infos + 0)
+        if rc == 0:
+            return _views(rdv, infos, taken, writable, as_torch, made)
+    except BaseException:  # a signal handler's (Ctrl-C) anywhere in here: nothing taken is lost or reordered
+        _put_back_all(rdv, h, waiter, flags, infos, count, made)
         raise
-    if rc == 0:
-        return _views(rdv, infos, taken, writable, as_torch)
     if rc == -errno.EAGAIN and t == 0:
         return []
     rdv._fail(rc, f"recv_many {key!r}")
 
 
-def _give_back_unviewed(rdv: "Rendezvous", info: Any) -> None:
-    if info.payload != ffi.NULL:
-        payload, info.payload = info.payload, ffi.NULL
-        lib.rdv_give_back(rdv._handle(), payload)
+def _put_back_all(rdv: "Rendezvous", h: Any, waiter: Any, flags: int, infos: Any, count: int,
+                  made: List[Tuple[Any, Any]]) -> None:
+    """An interrupted recv_many: leave the line (taking a message handed over
+    meanwhile), then every message taken, those made views included (their
+    views never reach the caller), goes back to the head of the key in order,
+    or to its waiters oldest first."""
+    if waiter[0] and lib.rdv_recv_cancel(h, waiter, flags, ffi.NULL, infos + 0) < 0:
+        return
+    payloads = []
+    for payload, owner in made:
+        ffi.gc(owner, None)  # its view is dropped unread: the message goes back instead of being freed
+        payloads.append(payload)
+    for j in range(len(made), count):  # the core cleared what it did not fill; views made cleared theirs
+        if infos[j].payload != ffi.NULL:
+            payloads.append(infos[j].payload)
+            infos[j].payload = ffi.NULL
+    _give_back(h, payloads)
+
+
+def _give_back(h: Any, payloads: List[Any]) -> None:
+    """Messages of one key back to its head, in this order, under one hold of its lock."""
+    if payloads:
+        lib.rdv_give_back_many(h, payloads, len(payloads))
+
+
+def _count(max_count: object) -> int:
+    if isinstance(max_count, bool) or not isinstance(max_count, (int, np.integer)):
+        raise InvalidType(f"max_count must be an int, not {type(max_count).__name__}")
+    if not 1 <= max_count:
+        raise InvalidArgument(f"max_count must be at least 1, got {max_count}")
+    return int(max_count)
 
 
 def _parsed(info: Any, as_torch: bool) -> Any:
-    """What info's descriptor means, or None if no view can be made of it (the
-    check ``Rendezvous._view`` makes, without its side effects)."""
+    """What info's descriptor means, or the exception that says why no view
+    can be made of it (the checks ``Rendezvous._view`` makes, without its
+    side effects)."""
     offset = _rendezvous._DESC_OFFSET
     desc = ffi.buffer(info)[offset : offset + 40 + 16 * info.ndim]
     parsed = _rendezvous._descs.get(desc)
     if parsed is None:
         try:
             parsed = _rendezvous._parse_descriptor(info, desc)
-        except Exception:
-            return None
-    return None if as_torch and not tensor_dtype_ok(parsed[0]) else parsed
+        except (InvalidType, SegmentMismatch) as exc:
+            return exc
+    if parsed[2] != info.nbytes:
+        return SegmentMismatch(f"message metadata does not match its payload: shape {parsed[1]} of {parsed[0]} is "
+                               f"not {info.nbytes} bytes")
+    if as_torch and not tensor_dtype_ok(parsed[0]):
+        return InvalidType(f"the message is {parsed[0]}, which torch has no tensors of (only numbers and bool in "
+                           f"native byte order, and bfloat16): receive it as an array (as_torch=False); it stays queued")
+    return parsed
 
 
-def _views(rdv: "Rendezvous", infos: Any, taken: int, writable: bool, as_torch: bool) -> List[Any]:
+def _views(rdv: "Rendezvous", infos: Any, taken: int, writable: bool, as_torch: bool,
+           made: List[Tuple[Any, Any]]) -> List[Any]:
     """The views of infos[0..taken), in order. If one cannot be made, it and
     those after it go back to the head of the key in their order (nothing is
     lost) and the views before it are returned; with none before it, its
-    error is raised (by ``Rendezvous._view``, which puts it back first)."""
-    parsed = [_parsed((infos + i), as_torch) for i in range(taken)]
-    good = parsed.index(None) if None in parsed else taken
-    # to the head of the key, last first, so they keep their order there
-    for j in range(taken - 1, good - 1 if good else 0, -1):  # infos[0] with none good: _view below
-        _give_back_unviewed(rdv, (infos + j))
-    if good == 0:
-        return [rdv._view(infos + 0, writable, as_torch)]  # raises why, and puts it back (or frees it)
+    error is raised (a message whose metadata contradicts its payload is
+    freed instead, as ``recv`` frees it)."""
+    parsed = [_parsed(infos + i, as_torch) for i in range(taken)]
+    good = next((i for i, p in enumerate(parsed) if isinstance(p, BaseException)), taken)
+    if good < taken:
+        bad = parsed[good]
+        back = range(good + (1 if good == 0 and isinstance(bad, SegmentMismatch) else 0), taken)
+        payloads = [infos[j].payload for j in back]
+        for j in back:
+            infos[j].payload = ffi.NULL
+        _give_back(rdv._handle(), payloads)
+        if good == 0:
+            if isinstance(bad, SegmentMismatch):  # unreadable: freed, as its view would be
+                raw, infos[0].payload = infos[0].payload, ffi.NULL
+                rdv._release(raw)
+            raise bad
     views: List[Any] = []
     make = rdv._view_parsed
     for i in range(good):
-        try:
-            views.append(make((infos + i), parsed[i], writable, as_torch))
-        except BaseException:  # metadata that contradicts its payload: that message is freed
-            for j in range(good - 1, i, -1):
-                _give_back_unviewed(rdv, (infos + j))
-            if views:
-                return views
-            raise
+        views.append(make(infos + i, parsed[i], writable, as_torch, made))
     return views

@@ -43,6 +43,7 @@ def _selected(path: str) -> Optional[str]:
 def _mount_huge(directory: str) -> Optional[str]:
     """The ``huge=`` option of the tmpfs mounted at (or holding) directory;
     "" for a tmpfs without it; None if it is no tmpfs or cannot be read."""
+    directory = os.path.realpath(directory)
     best, option, fstype = "", None, None
     try:
         with open("/proc/self/mountinfo") as mounts:
@@ -88,12 +89,14 @@ def mapped_huge_bytes(base: int, length: int) -> int:
     try:
         with open("/proc/self/smaps") as smaps:
             for line in smaps:
+                if not line.strip():
+                    continue
                 head = line.split(None, 1)[0]
                 if "-" in head and not head.endswith(":"):
                     start, _, end = head.partition("-")
                     inside = base <= int(start, 16) and int(end, 16) <= base + length
                 elif inside and head in ("ShmemPmdMapped:", "FilePmdMapped:"):
                     total += int(line.split()[1]) * 1024
-    except (OSError, ValueError):
+    except (OSError, ValueError, IndexError):
         return 0
     return total

@@ -558,12 +558,6 @@ class Rendezvous:
         wait_ns = _timeout_ns(timeout)
         if huge_pages not in (True, False):
             raise InvalidType(f"huge_pages must be True or False, not {huge_pages!r}")
-        if huge_pages and create is not False:
-            offer = huge_pages_offered()
-            if not offer.available:
-                raise HugePagesUnavailable(f"rendezvous {name!r}: huge_pages=True, but {offer.why}; or create it "
-                                           f"without huge_pages (4 KiB pages; copies of 100 MiB and more are "
-                                           f"then about a quarter slower)")
         self._name = name
         self._path = SEGMENT_PREFIX + name
         self._h = self._open(arena, keys, create, wait_ns, lib.RDV_CREATE_HUGE_PAGES if huge_pages else 0)
@@ -614,7 +608,11 @@ class Rendezvous:
                         raise FileExistsError(errno.EEXIST, "rendezvous already exists", self._name) from None
                 else:
                     try:
-                        rc = lib.rdv_create_flags(shm.fd, arena, max_keys, flags, out)
+                        offer = huge_pages_offered() if flags & lib.RDV_CREATE_HUGE_PAGES else None
+                        if offer is not None and not offer.available:
+                            rc = -errno.EOPNOTSUPP
+                        else:
+                            rc = lib.rdv_create_flags(shm.fd, arena, max_keys, flags, out)
                     finally:
                         shm.close_fd()
                     if rc < 0:
@@ -622,8 +620,11 @@ class Rendezvous:
                         if rc == -errno.ENOSPC:
                             raise RendezvousError(_no_space_message(self._name, arena))
                         if rc == -errno.EOPNOTSUPP and flags:
-                            raise HugePagesUnavailable(f"rendezvous {self._name!r}: huge_pages=True, but the kernel "
-                                                       f"refuses to advise huge pages for it (MADV_HUGEPAGE)")
+                            why = offer.why if offer is not None and not offer.available else \
+                                "the kernel refuses to advise huge pages for it (MADV_HUGEPAGE)"
+                            raise HugePagesUnavailable(f"rendezvous {self._name!r}: huge_pages=True, but {why}; or "
+                                                       f"create it without huge_pages (4 KiB pages; copies of 100 MiB "
+                                                       f"and more are then about a quarter slower)")
                         raise_rc(rc, f"creating rendezvous {self._name!r} ({arena} bytes)")
                     self._created = True
                     return out[0]
@@ -989,8 +990,8 @@ class Rendezvous:
         return self._view_parsed(info, parsed, writable, as_torch)
 
     def _view_parsed(self, info: Any, parsed: Tuple[np.dtype, Tuple[int, ...], int], writable: bool,
-                     as_torch: bool) -> Any:
-        """_view once the descriptor is parsed."""
+                     as_torch: bool, made: Optional[List[Tuple[Any, Any]]] = None) -> Any:
+        """_view once the descriptor is parsed; `made` collects (payload, its owner) for a caller that may give it back."""
         dtype, shape, nbytes = parsed
         if as_torch and not tensor_dtype_ok(dtype):
             self._put_back(info)
@@ -1001,6 +1002,8 @@ class Rendezvous:
         # (an interruption between the two lines leaks the block instead).
         raw, info.payload = info.payload, ffi.NULL
         payload = ffi.gc(raw, self._release)  # released even if we raise below
+        if made is not None:
+            made.append((raw, payload))
         if nbytes != info.nbytes:
             raise SegmentMismatch(f"message metadata does not match its payload: shape {shape} of {dtype} is not {info.nbytes} bytes")
         # The array's base owns the payload. Read-only: frombuffer on a

@@ -168,3 +168,100 @@ def test_batches_between_processes(rdv, children):
     assert seen == list(range(count))
     children.join()
     assert child.exitcode == 0
+
+
+@pytest.mark.timeout(120)
+def test_space_a_dead_process_held_is_reclaimed_for_a_blocked_batch(rdv_name, children):
+    """A full arena whose messages a process took and died holding: a
+    send_many waiting for room reclaims them, as send does."""
+    with shmrdv.Rendezvous(rdv_name, create=True, size=64 << 10) as small:
+        try:
+            block = np.zeros(8000, np.uint8)
+            sent = 0
+            while True:
+                try:
+                    small.send("k", block, timeout=0)
+                    sent += 1
+                except shmrdv.RendezvousTimeout:
+                    break
+            queue = children.context.Queue()
+            children.start(workers.take_all_and_exit, rdv_name, "k", sent, queue)
+            assert queue.get(timeout=60) == sent
+            children.join()
+            small.send_many([("k", block)] * 3, timeout=30)  # room only once the dead child's views are freed
+            assert len(small.recv_many("k", 10, timeout=0)) == 3
+        finally:
+            small.unlink()
+
+
+def _interrupt_on(call_number):
+    calls = [0]
+
+    def maybe(*args):
+        calls[0] += 1
+        if calls[0] == call_number:
+            raise KeyboardInterrupt
+    return maybe
+
+
+@pytest.mark.parametrize("where", ["parsing", "making views"])
+def test_an_interrupted_batch_gives_everything_back_in_order(rdv, monkeypatch, where):
+    rdv.send_many([("k", np.array([i])) for i in range(4)])
+    if where == "parsing":
+        real = batches._parsed
+        trip = _interrupt_on(2)
+        monkeypatch.setattr(batches, "_parsed", lambda *a: (trip(), real(*a))[1])
+    else:
+        real = type(rdv)._view_parsed
+        trip = _interrupt_on(2)
+        monkeypatch.setattr(type(rdv), "_view_parsed", lambda self, *a: (trip(), real(self, *a))[1])
+    with pytest.raises(KeyboardInterrupt):
+        rdv.recv_many("k", 10)
+    monkeypatch.undo()
+    assert [int(v[0]) for v in rdv.recv_many("k", 10)] == [0, 1, 2, 3]
+    assert rdv.stats().bytes_used == 0
+
+
+@pytest.mark.timeout(60)
+def test_what_goes_back_reaches_a_waiting_receiver_oldest_first(rdv, monkeypatch):
+    """Messages a batch takes and cannot hand out go back in one step: a
+    receiver that lined up meanwhile gets the oldest of them, and the next
+    call the rest, in order."""
+    pytest.importorskip("torch")
+    rdv.send_many([("k", np.array(["2020-01-01"], "M8[D]")), ("k", np.array([2.0])), ("k", np.array([3.0]))])
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(rdv.recv("k", timeout=30)))
+    real, started = batches._parsed, []
+
+    def parsed_once_a_receiver_waits(*args):
+        if not started:  # the batch has emptied the key: a receiver lines up now
+            started.append(waiter.start())
+            deadline = time.monotonic() + 20
+            while rdv.stats().waiters == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return real(*args)
+
+    monkeypatch.setattr(batches, "_parsed", parsed_once_a_receiver_waits)
+    with pytest.raises(shmrdv.InvalidType, match="torch has no tensors of"):
+        rdv.recv_many("k", 10, as_torch=True)
+    waiter.join(30)
+    monkeypatch.undo()
+    assert got and got[0].dtype.kind == "M"
+    assert [float(v[0]) for v in rdv.recv_many("k", 10)] == [2.0, 3.0]
+
+
+def test_send_many_finishes_the_futures_it_served(rdv):
+    future = rdv.recv_async("f")
+    rdv.send_many([("f", np.array([5]))])
+    assert future.done() and int(future.result()[0]) == 5
+
+
+def test_a_bad_item_sends_nothing_on_a_routed_rendezvous_too(rdv_name):
+    with shmrdv.Rendezvous(rdv_name, create=True, routes={"/job:far": "tcp://127.0.0.1:9"}, token="t") as routed:
+        try:
+            before = routed.stats().pending_messages  # the route table, announced to the bridge
+            with pytest.raises(shmrdv.InvalidType, match="item 1, nothing sent"):
+                routed.send_many([("local", np.zeros(2)), ("local", object())])
+            assert routed.stats().pending_messages == before
+        finally:
+            routed.unlink()

@@ -77,17 +77,19 @@ _IN_NAMESPACE = textwrap.dedent("""
 
 
 @pytest.mark.timeout(180)
-def test_backed_by_huge_pages_where_dev_shm_gives_them(tmp_path):
+@pytest.mark.parametrize("option", ["within_size", "advise"])
+def test_backed_by_huge_pages_where_dev_shm_gives_them(tmp_path, option):
     """In a mount namespace of its own (its /dev/shm a fresh tmpfs with
-    huge=within_size, gone when the namespace ends), the creator and a
-    process that attaches both map the segment on huge pages."""
+    huge=within_size, or huge=advise, which takes the mappings' advice;
+    gone when the namespace ends), the creator and a process that attaches
+    both map the segment on huge pages."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare(1) to mount a tmpfs in a private mount namespace")
     if not os.path.isdir("/sys/kernel/mm/transparent_hugepage"):
         pytest.skip("this kernel has no transparent huge pages")
     script = tmp_path / "inside.py"
     script.write_text(_IN_NAMESPACE)
-    mount = "mount -t tmpfs -o huge=within_size,size=256m,mode=1777 tmpfs /dev/shm"
+    mount = f"mount -t tmpfs -o huge={option},size=256m,mode=1777 tmpfs /dev/shm"
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                            f"{mount} && exec {sys.executable} {script}"], capture_output=True, text=True, timeout=150)
     if done.returncode != 0 and "mount" in done.stderr and "creator" not in done.stdout:

@@ -572,3 +572,14 @@ def send_counter_many(name, key, count, batch):
         rdv.send_many([(key, np.array([i], dtype=np.int64)) for i in range(start, min(count, start + batch))],
                       timeout=CHILD_TIMEOUT)
     rdv.close()
+
+
+def take_all_and_exit(name, key, count, queue):
+    """Receive `count` messages of key, keep their views, report, and exit
+    without releasing them: a dead process holding arena space."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    kept = [rdv.recv(key, timeout=CHILD_TIMEOUT) for _ in range(count)]
+    queue.put(len(kept))
+    queue.close()
+    queue.join_thread()  # flushed before the exit that skips all cleanup
+    os._exit(0)
