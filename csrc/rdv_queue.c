@@ -233,36 +233,7 @@ int rdv_queue_take(rdv_t *h, uint32_t granule, int leased, struct rdv_msg_info *
     return 0;
 }
 
-int rdv_queue_give_back(rdv_t *h, uint64_t pos) {
-    uint64_t len;
-    struct rdv_msg *m = rdv_block_at(h, pos, &len);
-    /* relaxed: our own view's header */
-    if (!m || READ_ONCE(m->stage) != RDV_MSG_DELIVERED || m->owner != h->me + 1 || !rdv_msg_key_fits(m, len))
-        return -EINVAL;
-    /* Leased first: if we die from here on, the message goes back to its
-     * key anyway (rdv_lease.c, or the repair of the slot we hold). */
-    WRITE_ONCE(m->flags, RDV_MSG_LEASED); /* relaxed: ordered by the release below */
-    uint32_t idx;
-    int rc = rdv_index_acquire(h, rdv_msg_key(m), m->key_len, RDV_INDEX_RESTORE, &idx);
-    if (rc < 0)
-        return rc; /* still our leased view: the caller frees it */
-    struct rdv_slot *s = &h->kslots[idx];
-    if (rdv_is_aborted(h)) {
-        rdv_index_maybe_delete(h, idx);
-        rdv_index_release(h, idx);
-        return -ECONNABORTED;
-    }
-    uint32_t g = rdv_link_of(pos);
-    m->next = s->q_head;
-    /* release: the link lands before the head reaches it; the commit point */
-    smp_store_release(&s->q_head, g);
-    if (s->q_tail == 0)
-        s->q_tail = g;
-    s->count++;
-    rdv_queue_requeue(m);
-    serve_and_release(h, idx);
-    return 0;
-}
+int rdv_queue_give_back(rdv_t *h, uint64_t pos) { return rdv_queue_give_back_many(h, &pos, 1); }
 
 int rdv_queue_give_back_many(rdv_t *h, const uint64_t *pos, uint32_t n) {
     struct rdv_msg *ms[RDV_MANY_MAX];
