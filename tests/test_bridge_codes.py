@@ -3,6 +3,7 @@ exceptions in one place (``protocol.code_for`` / ``protocol.error_for``); the
 text is only a message for humans. And the bridge's limits and dtype rule are
 the core's own (``shmrdv.limits``, ``shmrdv.codec``)."""
 import socket
+import time
 from pathlib import Path
 
 import numpy as np
@@ -174,7 +175,11 @@ def test_a_wrong_proof_is_refused_with_its_code(few_keys):
 def test_a_full_key_index_delays_a_links_messages_without_losing_them(tmp_path):
     """Through a link the send has returned already: a key index that is full
     at the commit is answered ACK RETRY (not a refusal that would abort the
-    step), and the messages arrive, in order, once keys are freed."""
+    step), and the messages all arrive, each once, as keys are freed. A
+    message being retried may be overtaken by those of other keys (only each
+    key's order is kept: docs/protocol.md), so the receiver takes whichever
+    key has a message rather than insist on one whose key cannot be made
+    while the index is full."""
     from .test_bridge import DEV_A, DEV_B, key
 
     names = (_new_name(), _new_name())
@@ -190,10 +195,16 @@ def test_a_full_key_index_delays_a_links_messages_without_losing_them(tmp_path):
             keys = [key(DEV_A, DEV_B, f"t{i}") for i in range(40)]
             for i, k in enumerate(keys):
                 a.send(k, np.full(4, i, np.int32))
-            for i, k in enumerate(keys):
-                got = b.recv(k, timeout=30)
-                assert int(got[0]) == i
-                del got
+            arrived, deadline = {}, time.monotonic() + 60
+            while len(arrived) < len(keys) and time.monotonic() < deadline:
+                for i, k in enumerate(keys):
+                    got = b.try_recv(k) if i not in arrived else None
+                    if got is not None:
+                        arrived[i] = int(got[0])
+                        del got
+                time.sleep(0.005)
+            assert arrived == {i: i for i in range(len(keys))}
+            assert all(b.try_recv(k) is None for k in keys)  # each once
             assert not a.stats().aborted and not b.stats().aborted
         # turned away and sent again, not dropped with the connection
         assert "unexpected error" not in bridges[1].logs(), bridges[1].logs()
