@@ -712,8 +712,8 @@ static int drop_batch(rdv_t *h, struct rdv_msg_info *out, uint32_t *n) {
 
 /* Entries a batch call did not fill say so: a caller that is interrupted
  * gives back exactly the payloads it finds set. */
-static void clear_payloads(struct rdv_msg_info *out, uint32_t from, uint32_t max) {
-    for (uint32_t i = from; i < max; i++)
+static void clear_payloads(struct rdv_msg_info *out, uint32_t max) {
+    for (uint32_t i = 0; i < max; i++)
         out[i].payload = NULL;
 }
 
@@ -724,7 +724,7 @@ int rdv_recv_many(rdv_t *h, const char *key, uint32_t key_len, int64_t timeout_n
         *waiter = 0;
         return -EINVAL;
     }
-    clear_payloads(out, 0, max);
+    clear_payloads(out, max);
     int rc = rdv_recv_start(h, key, key_len, timeout_ns, flags, waiter, out);
     if (rc != 0) {
         out[0].payload = NULL;
@@ -739,7 +739,7 @@ int rdv_recv_more(rdv_t *h, const char *key, uint32_t key_len, uint32_t flags,
     *n = 0;
     if (check_key(key_len) < 0 || max > RDV_MANY_MAX)
         return -EINVAL;
-    clear_payloads(out, 0, max);
+    clear_payloads(out, max);
     if (rdv_is_aborted(h))
         return -ECONNABORTED;
     int rc = rdv_get(h);
@@ -792,25 +792,7 @@ static int payload_pos(rdv_t *h, void *payload, uint64_t *pos) {
     return m && (uint8_t *)m + m->payload_off == p ? 0 : -EINVAL;
 }
 
-int rdv_give_back(rdv_t *h, void *payload) {
-    if (rdv_forked(h))
-        return 0; /* the parent's */
-    if (rdv_damaged(h)) {
-        rdv_put(h); /* the payload's reference; the cut segment is not touched */
-        return 0;
-    }
-    uint64_t pos;
-    int rc = payload_pos(h, payload, &pos);
-    if (rc < 0)
-        return rc;
-    rc = rdv_queue_give_back(h, pos);
-    if (rc == -EINVAL)
-        return rc; /* not a view of ours: nothing changed */
-    if (rc < 0)
-        rdv_arena_free(h, pos); /* aborted, or no key slot for it */
-    rdv_put(h); /* the payload's reference */
-    return rc;
-}
+int rdv_give_back(rdv_t *h, void *payload) { return rdv_give_back_many(h, &payload, 1); }
 
 int rdv_give_back_many(rdv_t *h, void *const *payloads, uint32_t n) {
     uint64_t pos[RDV_MANY_MAX];
