@@ -32,8 +32,6 @@ _per_thread = threading.local()  # each thread's batch of message infos
 MANY_MAX = lib.RDV_MANY_MAX
 """Messages one core call of a batch moves at most; longer batches take several calls."""
 
-_SLICE_NS = 10_000_000  # a blocking call's first slice: signal handlers run between slices (Ctrl-C)
-_MAX_SLICE_NS = 1_000_000_000
 
 class _Kind:
     """The core's item for one (key, dtype, shape): everything but the
@@ -60,13 +58,6 @@ def _kind(key: object, arr: np.ndarray) -> _Kind:
         _kinds.clear()
     kind = _kinds[(key, arr.dtype, arr.shape)] = _Kind(key, kb, form)  # type: ignore[index]
     return kind
-
-
-def _step(deadline: Optional[int], slice_ns: int) -> int:
-    """The timeout of the next core call: a slice, or what is left of the deadline."""
-    if deadline is None:
-        return slice_ns
-    return max(0, min(slice_ns, deadline - time.monotonic_ns()))
 
 
 class _Prepared:
@@ -120,31 +111,39 @@ def send_many(rdv: "Rendezvous", items: Iterable[Tuple[str, Any]], timeout: Opti
                                        for prepared in chunks for kind in prepared.kinds):
         return _send_each(rdv, batch, deadline)
     h = rdv._handle()
-    sent = ffi.new("uint32_t *")
     total = 0
     try:
         for prepared in chunks:
-            count, done = len(prepared.kinds), 0
-            slice_ns = _SLICE_NS
-            while done < count:
-                rc = lib.rdv_send_many(h, prepared.items + done, prepared.srcs + done, count - done,
-                                       _step(deadline, slice_ns), sent)
-                done += sent[0]
-                if rc == 0:
-                    break
-                if rc == -errno.EINTR or (rc == -errno.ETIMEDOUT and (deadline is None or time.monotonic_ns() < deadline)):
-                    # a slice ran out or a signal came (its handler runs now). Slices
-                    # double, as _blocking's do: a call that waits long enough looks
-                    # for dead processes whose space it can reclaim (the core does
-                    # that 50 ms into a wait).
-                    slice_ns = min(2 * slice_ns, _MAX_SLICE_NS)
-                    continue
+            left = -1 if deadline is None else max(0, deadline - time.monotonic_ns())
+            rc, done = _send_chunk(h, prepared, left)
+            if rc < 0:
                 _fail_at(rdv, rc, prepared, done, total + done, timeout)
-            total += count
+            total += done
     finally:
         if _rendezvous._async_pending[0]:
             async_recv.after_send()  # a future of ours a message served is done when we return, as with send
     return total
+
+
+def _send_chunk(h: Any, prepared: _Prepared, timeout_ns: int) -> Tuple[int, int]:
+    """One chunk through rdv_send_many in send's slices (``_blocking``: a wait
+    long enough looks for dead processes whose space it can reclaim, and
+    signal handlers run between slices): its code and how many were sent."""
+    count, done, sent = len(prepared.kinds), [0], ffi.new("uint32_t *")
+
+    def call(ns: int) -> int:
+        rc = lib.rdv_send_many(h, prepared.items + done[0], prepared.srcs + done[0], count - done[0], ns, sent)
+        done[0] += sent[0]
+        return rc  # type: ignore[no-any-return]
+
+    return _rendezvous._blocking(call, timeout_ns), done[0]
+
+
+def _with_sent(exc: RendezvousError, sent: int) -> None:
+    """Make exc say (and carry in ``sent``) how many items before it were queued."""
+    exc.args = (f"{exc.args[0] if exc.args else exc}; the {sent} item(s) before it were sent, it and the rest were "
+                f"not",) + exc.args[1:]
+    exc.sent = sent  # type: ignore[attr-defined]
 
 
 def _fail_at(rdv: "Rendezvous", rc: int, prepared: _Prepared, index: int, sent: int,
@@ -154,11 +153,9 @@ def _fail_at(rdv: "Rendezvous", rc: int, prepared: _Prepared, index: int, sent: 
     key, form = kind.key, kind.form
     what = f"send_many {key!r} (item {sent})"
     try:
-        rdv._fail(rc, what, partial(rdv._explain_space, what, len(_key_bytes(key)), form.ndim, form.nbytes, timeout))
+        rdv._fail(rc, what, partial(rdv._explain_space, what, kind.item.key_len, form.ndim, form.nbytes, timeout))
     except RendezvousError as exc:
-        exc.args = (f"{exc.args[0] if exc.args else exc}; the {sent} item(s) before it were sent, it and the "
-                    f"rest were not",) + exc.args[1:]
-        exc.sent = sent  # type: ignore[attr-defined]
+        _with_sent(exc, sent)
         raise
 
 
@@ -170,9 +167,7 @@ def _send_each(rdv: "Rendezvous", batch: List[Any], deadline: Optional[int]) -> 
         try:
             rdv.send(item[0], item[1], timeout=left)
         except RendezvousError as exc:
-            exc.args = (f"{exc.args[0] if exc.args else exc}; the {index} item(s) before it were sent, it and the "
-                        f"rest were not",) + exc.args[1:]
-            exc.sent = index  # type: ignore[attr-defined]
+            _with_sent(exc, index)
             raise
     return len(batch)
 
@@ -197,7 +192,7 @@ def recv_many(rdv: "Rendezvous", key: str, max_count: int, timeout: Optional[flo
     infos = _infos()
     waiter, n = ffi.new("uint32_t *"), ffi.new("uint32_t *")
     flags = lib.RDV_RECV_LEASED if lease else 0
-    step = t if 0 <= t <= _SLICE_NS else _SLICE_NS
+    step = _rendezvous._first_step(t)
     made: List[Tuple[Any, Any]] = []  # (payload, its owner) of each view made, in order
     try:
         rc = lib.rdv_recv_many(h, kb, len(kb), step, flags, waiter, infos, count, n)
@@ -266,11 +261,9 @@ def _parsed(info: Any, as_torch: bool) -> Any:
         except (InvalidType, SegmentMismatch) as exc:
             return exc
     if parsed[2] != info.nbytes:
-        return SegmentMismatch(f"message metadata does not match its payload: shape {parsed[1]} of {parsed[0]} is "
-                               f"not {info.nbytes} bytes")
+        return _rendezvous.size_mismatch(parsed[1], parsed[0], info.nbytes)
     if as_torch and not tensor_dtype_ok(parsed[0]):
-        return InvalidType(f"the message is {parsed[0]}, which torch has no tensors of (only numbers and bool in "
-                           f"native byte order, and bfloat16): receive it as an array (as_torch=False); it stays queued")
+        return _rendezvous.no_tensor_of(parsed[0])
     return parsed
 
 

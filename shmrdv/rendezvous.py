@@ -305,6 +305,18 @@ def _send_form(dtype: np.dtype, shape: Tuple[int, ...]) -> _SendForm:
     return form
 
 
+def no_tensor_of(dtype: np.dtype) -> InvalidType:
+    """Why a message of dtype cannot be received as a torch tensor."""
+    return InvalidType(f"the message is {dtype}, which torch has no tensors of (only numbers and bool in native byte "
+                       f"order, and bfloat16): receive it as an array (as_torch=False); it stays queued")
+
+
+def size_mismatch(shape: Tuple[int, ...], dtype: np.dtype, nbytes: int) -> SegmentMismatch:
+    """A message whose descriptor contradicts its payload's length."""
+    return SegmentMismatch(f"message metadata does not match its payload: shape {shape} of {dtype} is not "
+                           f"{nbytes} bytes")
+
+
 def _thread_scratch() -> Tuple[Any, Any, Any]:
     """This thread's reusable rdv_msg_info, waiter word, and the info's bytes
     (a buffer over it, made once: the descriptor is read through it)."""
@@ -393,12 +405,12 @@ class Allocation:
             raise RendezvousError("an Allocation can be opened only once")
         rdv, kb, dtype, shape = self._rdv, self._kb, self._dtype, self._shape
         h = rdv._handle()
-        code = _dtype_code(dtype)
-        layout = _layout(shape, dtype.itemsize)
-        dims, ndim, nbytes = layout.dims, len(shape), layout.nbytes
+        form = _send_forms.get((dtype, shape)) or _send_form(dtype, shape)
+        ndim, nbytes = form.ndim, form.nbytes
         out = ffi.new("uint64_t[2]")  # the block position, then the payload address
         payload = ffi.cast("void **", out + 1)
-        rc = _blocking(lambda ns: lib.rdv_send_begin(h, kb, len(kb), code, len(code), ndim, dims, dims + ndim, nbytes, ns, out, payload), self._timeout_ns)
+        rc = _blocking(lambda ns: lib.rdv_send_begin(h, kb, len(kb), form.code, form.code_len, ndim, form.dims,
+                                                     form.strides, nbytes, ns, out, payload), self._timeout_ns)
         if rc < 0:
             timeout = None if self._timeout_ns < 0 else self._timeout_ns / 1e9
             rdv._fail(rc, f"alloc {self._key!r}", partial(rdv._explain_space, f"alloc {self._key!r}", len(kb), ndim, nbytes, timeout))
@@ -995,9 +1007,7 @@ class Rendezvous:
         dtype, shape, nbytes = parsed
         if as_torch and not tensor_dtype_ok(dtype):
             self._put_back(info)
-            raise InvalidType(f"the message is {dtype}, which torch has no tensors of (only numbers and bool in "
-                              f"native byte order, and bfloat16): receive it as an array (as_torch=False); "
-                              f"it stays queued")
+            raise no_tensor_of(dtype)
         # Cleared first: a message whose view may exist is never given back
         # (an interruption between the two lines leaks the block instead).
         raw, info.payload = info.payload, ffi.NULL
@@ -1005,7 +1015,7 @@ class Rendezvous:
         if made is not None:
             made.append((raw, payload))
         if nbytes != info.nbytes:
-            raise SegmentMismatch(f"message metadata does not match its payload: shape {shape} of {dtype} is not {info.nbytes} bytes")
+            raise size_mismatch(shape, dtype, info.nbytes)
         # The array's base owns the payload. Read-only: frombuffer on a
         # read-only memoryview, so the writeable flag cannot be turned back on
         # (np.ndarray(buffer=) would take the writable exporter as its base).
