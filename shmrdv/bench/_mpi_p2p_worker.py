@@ -15,16 +15,14 @@ that fails calls ``MPI_Abort``.
 """
 
 from __future__ import annotations
-import json
 import os
-import signal
 import sys
 import time
-import traceback
 from typing import Any, Dict, List
 
 import numpy as np
 
+from .collective_peers import mpi_rank_main
 from .common import DATA_DTYPE, POOL
 from .transports import check, stamp
 
@@ -98,23 +96,14 @@ def _round_trip_rows(comm: Any, rank: int, cases: List[List[Any]]) -> List[Dict[
     return rows
 
 
-def main(argv: List[str]) -> int:
-    spec = json.loads(argv[1])
-    signal.alarm(int(spec["lifetime_s"]))  # outlives neither a stuck launcher nor a stuck peer
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
+def _measure(MPI: Any, comm: Any, spec: Dict[str, Any]) -> Dict[str, Any]:
     rank = comm.Get_rank()
-    try:
-        os.sched_setaffinity(0, {spec["cpus"][rank]})
-        results = {"stream": _streams(comm, rank, spec["stream"]),
-                   "round_trip": _round_trip_rows(comm, rank, spec["round_trip"])}
-        if rank == 0:
-            print(json.dumps({"mpi_p2p": results}), flush=True)
-    except BaseException:
-        print(f"rank {rank}: {traceback.format_exc()}", file=sys.stderr, flush=True)
-        comm.Abort(1)
-    return 0
+    os.sched_setaffinity(0, {spec["cpus"][rank]})
+    return {"stream": _streams(comm, rank, spec["stream"]), "round_trip": _round_trip_rows(comm, rank, spec["round_trip"])}
+
+
+def main(argv: List[str]) -> int:
+    return mpi_rank_main(argv, "mpi_p2p", _measure)
 
 
 if __name__ == "__main__":

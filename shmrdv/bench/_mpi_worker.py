@@ -11,15 +11,12 @@ their next collective until the launcher's timeout.
 """
 
 from __future__ import annotations
-import json
-import signal
 import sys
-import traceback
 from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
-from .collective_peers import expect, ITEM, summarize, time_calls
+from .collective_peers import expect, ITEM, mpi_rank_main, summarize, time_calls
 
 
 def _case(MPI: Any, comm: Any, op: str, nbytes: int) -> Tuple[Callable[[], Any], Callable[[], None]]:
@@ -68,27 +65,20 @@ def _case(MPI: Any, comm: Any, op: str, nbytes: int) -> Tuple[Callable[[], Any],
     raise ValueError(f"unknown collective {op!r}")
 
 
-def main(argv: List[str]) -> int:
-    spec = json.loads(argv[1])
-    signal.alarm(int(spec["lifetime_s"]))  # outlives neither a stuck launcher nor a stuck peer
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    try:
-        results: Dict[str, Any] = {}
-        for name, op, nbytes, iters, warmup in spec["cases"]:
-            call, check = _case(MPI, comm, op, nbytes)
-            check()
-            times = time_calls(call, iters, warmup, comm.Barrier)
-            gathered = comm.gather(times, root=0)
-            if comm.Get_rank() == 0:
-                results[name] = summarize(gathered, nbytes)
+def _measure(MPI: Any, comm: Any, spec: Dict[str, Any]) -> Dict[str, Any]:
+    results: Dict[str, Any] = {}
+    for name, op, nbytes, iters, warmup in spec["cases"]:
+        call, check = _case(MPI, comm, op, nbytes)
+        check()
+        times = time_calls(call, iters, warmup, comm.Barrier)
+        gathered = comm.gather(times, root=0)
         if comm.Get_rank() == 0:
-            print(json.dumps({"collective_peers": results}), flush=True)
-    except BaseException:
-        print(f"rank {comm.Get_rank()}: {traceback.format_exc()}", file=sys.stderr, flush=True)
-        comm.Abort(1)
-    return 0
+            results[name] = summarize(gathered, nbytes)
+    return results
+
+
+def main(argv: List[str]) -> int:
+    return mpi_rank_main(argv, "collective_peers", _measure)
 
 
 if __name__ == "__main__":

@@ -272,6 +272,27 @@ def run_mpi(cases: Sequence[Tuple[str, int]] = OPS, world_size: int = 2, pin: bo
                       [sys.executable, "-m", "shmrdv.bench._mpi_worker", spec], timeout_s, _MARK)
 
 
+def mpi_rank_main(argv: List[str], mark: str, body: Callable[[Any, Any, Dict[str, Any]], Any]) -> int:
+    """A rank's life under ``launch_mpi``: its JSON spec from argv[1], a hard
+    lifetime (``lifetime_s``, SIGALRM), then ``body(MPI, comm, spec)``; rank 0
+    prints what it returned under `mark`, one line of JSON. A rank that fails
+    calls ``MPI_Abort``: otherwise the others would wait in their next call
+    until the launcher's timeout."""
+    spec = json.loads(argv[1])
+    signal.alarm(int(spec["lifetime_s"]))  # outlives neither a stuck launcher nor a stuck peer
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    try:
+        results = body(MPI, comm, spec)
+        if comm.Get_rank() == 0:
+            print(json.dumps({mark: results}), flush=True)
+    except BaseException:
+        print(f"rank {comm.Get_rank()}: {traceback.format_exc()}", file=sys.stderr, flush=True)
+        comm.Abort(1)
+    return 0
+
+
 def launch_mpi(command_for: Callable[[str], List[str]], timeout_s: float, mark: str) -> Any:
     """Run the mpirun command line `command_for(scratch)` builds (scratch: a
     directory for Open MPI's segments and session files, removed afterwards),

@@ -141,6 +141,18 @@ def _placements() -> List[Placement]:
     return [placement(name) for name in ("apart", "same") if name == "same" or len(allowed_cpus()) > 1]
 
 
+def _record_throughput(results: Results, progress: Progress, label: str, row: Dict[str, Any]) -> None:
+    results.throughput.append(row)
+    progress.step(f"{label:<22} {human_size(row['bytes']):>8} one-way: {row['gbps']:8.3f} GB/s "
+                  f"{row['msgs_per_s']:>11,.0f} msg/s")
+
+
+def _record_round_trip(results: Results, progress: Progress, label: str, row: Dict[str, Any]) -> None:
+    results.round_trip.append(row)
+    progress.step(f"{label:<22} {human_size(row['bytes']):>8} round trip, {row['placement']}: "
+                  f"median {row['median_us']:7.1f} us, p99 {row['p99_us']:7.1f} us")
+
+
 def _measure_mpi(plan: Plan, results: Results, progress: Progress) -> None:
     """Open MPI's point to point: its streams pinned apart and its round trips
     in each placement, in one mpirun per placement (``mpi_p2p``)."""
@@ -150,15 +162,10 @@ def _measure_mpi(plan: Plan, results: Results, progress: Progress) -> None:
         streams = [(nbytes, plan.stream_s, plan.max_stream_count) for nbytes in plan.sizes] if index == 0 else []
         out = mpi_p2p.run(where.name, (where.parent_cpu, where.child_cpu), streams, trips)
         for row in out["stream"]:
-            figure = throughput_row("mpi", where.name, row["bytes"], row["messages"], row["seconds"])
-            results.throughput.append(figure)
-            progress.step(f"{label:<22} {human_size(row['bytes']):>8} one-way: {figure['gbps']:8.3f} GB/s "
-                          f"{figure['msgs_per_s']:>11,.0f} msg/s")
+            _record_throughput(results, progress, label,
+                               throughput_row("mpi", where.name, row["bytes"], row["messages"], row["seconds"]))
         for row in out["round_trip"]:
-            figure = round_trip_row("mpi", where.name, row["bytes"], row["times_s"])
-            results.round_trip.append(figure)
-            progress.step(f"{label:<22} {human_size(row['bytes']):>8} round trip, {where.name}: "
-                          f"median {figure['median_us']:7.1f} us, p99 {figure['p99_us']:7.1f} us")
+            _record_round_trip(results, progress, label, round_trip_row("mpi", where.name, row["bytes"], row["times_s"]))
 
 
 def _measure_transport(name: str, plan: Plan, results: Results, progress: Progress, lifetime_s: int) -> None:
@@ -172,10 +179,7 @@ def _measure_transport(name: str, plan: Plan, results: Results, progress: Progre
         for nbytes in (n for n in plan.sizes if transport.measures(n)):
             peer.resize(nbytes, huge_pages=plan.huge_pages)
             count, seconds = timed_stream(peer, plan.stream_s, plan.max_stream_count)
-            row = throughput_row(name, where.name, nbytes, count, seconds)
-            results.throughput.append(row)
-            progress.step(f"{transport.label:<22} {human_size(nbytes):>8} one-way: {row['gbps']:8.3f} GB/s "
-                          f"{row['msgs_per_s']:>11,.0f} msg/s")
+            _record_throughput(results, progress, transport.label, throughput_row(name, where.name, nbytes, count, seconds))
         if not transport.round_trip:
             return
         for where in placements:
@@ -183,12 +187,10 @@ def _measure_transport(name: str, plan: Plan, results: Results, progress: Progre
             peer.pin_child(where.child_cpu)
             with pinned(where.parent_cpu):
                 for nbytes in ROUND_TRIP_SIZES:
-                    peer.resize(nbytes)
+                    peer.resize(nbytes, huge_pages=plan.huge_pages)
                     times = timed_round_trips(peer, plan.round_trip_s, plan.max_round_trips, plan.round_trip_warmup)
-                    row = round_trip_row(name, placement_name, nbytes, times)
-                    results.round_trip.append(row)
-                    progress.step(f"{transport.label:<22} {human_size(nbytes):>8} round trip, {placement_name}: "
-                                  f"median {row['median_us']:7.1f} us, p99 {row['p99_us']:7.1f} us")
+                    _record_round_trip(results, progress, transport.label,
+                                       round_trip_row(name, placement_name, nbytes, times))
 
 
 def _measure_growth(plan: Plan, results: Results, progress: Progress, lifetime_s: int) -> None:
