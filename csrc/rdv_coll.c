@@ -227,7 +227,7 @@ static int attach_map(int fd, uint32_t world, uint64_t slot, uint8_t **base, uin
     rdv_unmap(h, RDV_COLL_PAGE);
     if (rc < 0)
         return rc;
-    *base = rdv_map(fd, want, 0, 0, &err);
+    *base = rdv_map(fd, want, 0, &err);
     if (!*base)
         return err;
     *len = want;
@@ -256,7 +256,7 @@ int rdv_coll_open(int fd, int create, uint32_t world, uint32_t rank, uint64_t sl
             rc = rdv_file_reserve(fd, len);
         if (rc == 0) {
             int err = 0;
-            base = rdv_map(fd, len, 1, 0, &err);
+            base = rdv_map(fd, len, RDV_MAP_FRESH, &err);
             rc = base ? 0 : err;
         }
         if (rc == 0) {

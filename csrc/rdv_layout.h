@@ -107,7 +107,7 @@ struct rdv_header {
     /* Leased messages of dead receivers that could not go back to their key
      * (the key index was full) and were freed instead: a statistic. */
     uint32_t leases_dropped;
-    uint32_t seg_flags; /* RDV_CREATE_* the creator asked for (RDV_CREATE_HUGE_PAGES) */
+    uint32_t seg_flags; /* RDV_CREATE_* the creator asked for (RDV_CREATE_HUGE_PAGES, RDV_CREATE_NO_PREFAULT) */
     uint8_t pad1[RDV_LINE - 36];
 
     /* line 2: abort state (RDV_RUNNING/ABORTING/ABORTED) */

@@ -116,7 +116,7 @@ int64_t rdv_file_size(int fd) {
 /* A mapping that asks for huge pages: the advice must come before any page
  * is faulted in (so no MAP_POPULATE), then the pages are populated as below,
  * best effort. A kernel without transparent huge pages refuses the advice. */
-static void *map_huge(int fd, size_t len, int fresh, int *err) {
+static void *map_huge(int fd, size_t len, unsigned how, int *err) {
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         *err = -errno;
@@ -127,13 +127,15 @@ static void *map_huge(int fd, size_t len, int fresh, int *err) {
         munmap(p, len);
         return NULL;
     }
-    (void)madvise(p, len, fresh ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+    if (!(how & RDV_MAP_NO_PREFAULT))
+        (void)madvise(p, len, how & RDV_MAP_FRESH ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
     return p;
 }
 
-void *rdv_map(int fd, size_t len, int fresh, int huge, int *err) {
-    if (huge)
-        return map_huge(fd, len, fresh, err);
+void *rdv_map(int fd, size_t len, unsigned how, int *err) {
+    if (how & RDV_MAP_HUGE)
+        return map_huge(fd, len, how, err);
+    int fresh = (how & RDV_MAP_FRESH) != 0, lazy = (how & RDV_MAP_NO_PREFAULT) != 0;
     /* Which way of faulting every page in is fastest depends on the pages
      * (measured on 1-4 GiB, benchmarks/test_bench_open.py): pages just
      * reserved and never touched fault one at a time, and MADV_POPULATE_WRITE
@@ -142,13 +144,13 @@ void *rdv_map(int fd, size_t len, int fresh, int huge, int *err) {
      * faster than write faults. Best effort, as MAP_POPULATE is: the pages
      * are reserved (rdv_file_reserve), so a populate that fails only defers
      * faults. A kernel without MADV_POPULATE_WRITE (EINVAL) gets MAP_POPULATE. */
-    int flags = MAP_SHARED | (fresh ? 0 : MAP_POPULATE);
+    int flags = MAP_SHARED | (fresh || lazy ? 0 : MAP_POPULATE);
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, flags, fd, 0);
     if (p == MAP_FAILED) {
         *err = -errno;
         return NULL;
     }
-    if (fresh && madvise(p, len, MADV_POPULATE_WRITE) < 0 && errno == EINVAL) {
+    if (fresh && !lazy && madvise(p, len, MADV_POPULATE_WRITE) < 0 && errno == EINVAL) {
         munmap(p, len);
         p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         if (p == MAP_FAILED) {

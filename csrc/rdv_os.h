@@ -35,13 +35,19 @@ int rdv_file_resize(int fd, uint64_t len);
 int rdv_file_allocate(int fd, uint64_t len);
 /* fd's size, or -errno. */
 int64_t rdv_file_size(int fd);
-/* Map len bytes of fd at offset 0, shared, read-write, faulted in now (best
- * effort): a first touch of a shared page costs ~8x a copy into it. fresh:
- * the file was just reserved and no page of it touched yet (creation), which
- * changes how pages are best faulted in. NULL on failure with *err = -errno. */
-/* huge: advise transparent huge pages (MADV_HUGEPAGE) before any page is
- * faulted in; whether the pages are huge is up to the kernel and the mount. */
-void *rdv_map(int fd, size_t len, int fresh, int huge, int *err);
+/* Map len bytes of fd at offset 0, shared, read-write. How, in bits:
+ * RDV_MAP_FRESH: the file was just reserved and no page of it touched yet
+ * (creation), which changes how pages are best faulted in;
+ * RDV_MAP_HUGE: advise transparent huge pages (MADV_HUGEPAGE) before any
+ * page is faulted in (whether they are huge is up to the kernel and mount);
+ * RDV_MAP_NO_PREFAULT: fault nothing in now. Without it every page is faulted in
+ * now (best effort): a first touch of a shared page costs ~8x a copy into
+ * it, so a mapping that will touch all of it pays once, up front.
+ * NULL on failure with *err = -errno. */
+#define RDV_MAP_FRESH 1u
+#define RDV_MAP_HUGE 2u
+#define RDV_MAP_NO_PREFAULT 4u
+void *rdv_map(int fd, size_t len, unsigned how, int *err);
 /* Map len bytes of fd read-only (to read a header), NULL on failure. */
 const void *rdv_map_readonly(int fd, size_t len, int *err);
 void rdv_unmap(const void *p, size_t len);

@@ -536,6 +536,15 @@ class Rendezvous:
     segment asked for and got; attaching with ``huge_pages=True`` to one
     created without raises ``SegmentMismatch``. Default off: 4 KiB pages
     work everywhere.
+
+    ``prefault=False`` (when creating) maps the segment, in the creator and
+    in every process that attaches, without faulting all its pages in up
+    front: creating 256 MiB then takes ~50 ms instead of ~150 ms, and an
+    attach ~6 ms instead of ~30 ms, but each page costs several times a
+    copy the first time a process touches it. Its memory is still reserved,
+    so a short /dev/shm fails here, never later. For a segment much larger
+    than what is touched soon, or one that must be ready at once (the data
+    loader's arena). Default True.
     """
 
     def __init__(
@@ -550,6 +559,7 @@ class Rendezvous:
         tls_ca: Optional[str] = None,
         timeout: Optional[float] = OPEN_TIMEOUT,
         huge_pages: bool = False,
+        prefault: bool = True,
     ) -> None:
         self._h = None
         self._finalizer: Optional[weakref.finalize] = None
@@ -570,9 +580,12 @@ class Rendezvous:
         wait_ns = _timeout_ns(timeout)
         if huge_pages not in (True, False):
             raise InvalidType(f"huge_pages must be True or False, not {huge_pages!r}")
+        if prefault not in (True, False):
+            raise InvalidType(f"prefault must be True or False, not {prefault!r}")
         self._name = name
         self._path = SEGMENT_PREFIX + name
-        self._h = self._open(arena, keys, create, wait_ns, lib.RDV_CREATE_HUGE_PAGES if huge_pages else 0)
+        flags = (lib.RDV_CREATE_HUGE_PAGES if huge_pages else 0) | (0 if prefault else lib.RDV_CREATE_NO_PREFAULT)
+        self._h = self._open(arena, keys, create, wait_ns, flags)
         self._capacity = int(lib.rdv_capacity(self._h))
         if private:
             self._finalizer = weakref.finalize(self, _unlink_private, name, os.getpid())
@@ -631,7 +644,7 @@ class Rendezvous:
                         posix_ipc.unlink_shared_memory(self._path)
                         if rc == -errno.ENOSPC:
                             raise RendezvousError(_no_space_message(self._name, arena))
-                        if rc == -errno.EOPNOTSUPP and flags:
+                        if rc == -errno.EOPNOTSUPP and flags & lib.RDV_CREATE_HUGE_PAGES:
                             why = offer.why if offer is not None and not offer.available else \
                                 "the kernel refuses to advise huge pages for it (MADV_HUGEPAGE)"
                             raise HugePagesUnavailable(f"rendezvous {self._name!r}: huge_pages=True, but {why}; or "
@@ -1316,6 +1329,7 @@ class Rendezvous:
             keys_counted=out.keys_counted,
             huge_pages=bool(out.flags & lib.RDV_CREATE_HUGE_PAGES),
             huge_page_bytes=self._huge_page_bytes() if out.flags & lib.RDV_CREATE_HUGE_PAGES else 0,
+            prefault=not out.flags & lib.RDV_CREATE_NO_PREFAULT,
         )
 
     def _huge_page_bytes(self) -> int:

@@ -55,6 +55,10 @@ class Stats:
     """How many bytes of this process's mapping of the segment are backed by
     huge pages now (the kernel's ``ShmemPmdMapped``); the mapping is
     ``capacity`` plus about 1 % for the header and the key index."""
+    prefault: bool = True
+    """Whether each process faults the whole segment in when it maps it
+    (``Rendezvous(..., prefault=False)`` leaves each page to its first
+    touch)."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """A /dev/shm too small for the rendezvous asked for (Docker's default is 64 MiB): creation
 fails at once with an error naming the size asked for and the space free, never a SIGBUS
-later. Run in a private mount namespace with a 1 MiB tmpfs on /dev/shm (needs root)."""
+later, also for a segment whose pages are left to their first touch (prefault=False). Run
+in a private mount namespace with a 1 MiB tmpfs on /dev/shm (needs root)."""
 import shutil
 import subprocess
 import sys
@@ -10,9 +11,9 @@ import pytest
 
 CHILD = textwrap.dedent(
     """
-    import os, shmrdv
+    import os, sys, shmrdv
     try:
-        shmrdv.Rendezvous("small-shm", size=8 << 20, create=True)
+        shmrdv.Rendezvous("small-shm", size=8 << 20, create=True, prefault=sys.argv[1] == "True")
     except shmrdv.RendezvousError as exc:
         print("ERROR", exc)
     print("LEFT", sorted(os.listdir("/dev/shm")))
@@ -21,10 +22,11 @@ CHILD = textwrap.dedent(
 
 
 @pytest.mark.timeout(60)
-def test_full_dev_shm_fails_at_creation_with_sizes():
+@pytest.mark.parametrize("prefault", [True, False])
+def test_full_dev_shm_fails_at_creation_with_sizes(prefault):
     if shutil.which("unshare") is None:
         pytest.skip("unshare(1) is not installed")
-    script = f"mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {sys.executable} -c '{CHILD}'"
+    script = f"mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {sys.executable} -c '{CHILD}' {prefault}"
     run = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                          capture_output=True, text=True, timeout=60)
     if run.returncode != 0 and ("Operation not permitted" in run.stderr or "permission denied" in run.stderr.lower()):

@@ -29,10 +29,11 @@ from round to round) and reported as the median and the range over rounds:
   page: RssAnon is its private memory (batches, copies or pickles it keeps
   would show there), RssShmem the shared pages it has mapped (batches it
   keeps mapped would: torch maps a segment per batch and unmaps it when the
-  batch is dropped; shmrdv maps its arena once, populated when it is made,
-  so shmrdv's VmRSS holds the whole ``shm_size``, 256 MiB, from the first
-  epoch on, and no more whatever the number of batches). It must not grow
-  with the batches consumed: at most ``RSS_BUDGET_KIB`` over an epoch;
+  batch is dropped; shmrdv maps its arena once, each page faulted in by
+  its first touch, so shmrdv's VmRSS holds the arena pages the trainer has
+  read, at most ``shm_size``, 256 MiB, and no more whatever the number of
+  batches). It must not grow with the batches consumed: at most
+  ``RSS_BUDGET_KIB`` over an epoch;
 - the time to the first batch with two ``spawn`` workers: a fresh loader
   each time, from the DataLoader's construction through ``iter()`` to the
   first batch (what follows is not timed: the rest of its short epoch,
@@ -516,8 +517,9 @@ def report(results: Dict[str, Any]) -> str:
             f"{rounds} round{'' if rounds == 1 else 's'}" + (" (smoke run: the figures mean nothing)" if results.get("smoke") else ""),
             f"Per batch the trainer {results['trainer_work']}. Throughput: one epoch after a warm-up epoch, "
             f"persistent {THROUGHPUT_CONTEXT} workers; CPU: the trainer process only (not its workers); "
-            f"RSS: VmRSS = RssAnon + RssFile + RssShmem before and after the timed epoch (shmrdv's holds its "
-            f"arena, {results.get('shm_size', DEFAULT_SHM_SIZE) >> 20} MiB of shared memory mapped once).", ""]
+            f"RSS: VmRSS = RssAnon + RssFile + RssShmem before and after the timed epoch (shmrdv's holds the "
+            f"pages it has read of its arena, {results.get('shm_size', DEFAULT_SHM_SIZE) >> 20} MiB of shared "
+            f"memory mapped once).", ""]
     lines = [markdown(results), "", "Goals:"]
     for g in goals(results):
         value = f"{g['value']:.2f}×" if "×" in g["target"] else _growth(g["value"])

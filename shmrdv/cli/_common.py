@@ -132,7 +132,8 @@ def pages_text(st: Any) -> str:
     """How a segment's pages are backed, for ``shmrdv stat``."""
     from ..segments import human_bytes
 
+    touch = "" if st.prefault else "; each faulted in by its first touch (prefault=False)"
     if not st.huge_pages:
-        return "4 KiB (created without huge_pages)"
+        return "4 KiB (created without huge_pages)" + touch
     return (f"huge pages asked for (huge_pages=True): {human_bytes(st.huge_page_bytes)} of this process's mapping "
-            f"is on huge pages")
+            f"is on huge pages{touch}")

@@ -123,7 +123,10 @@ class _Arena:
         if self.released:
             raise RuntimeError("this DataLoader is closed: make a new one")
         if self.rdv is None:
-            self.rdv = Rendezvous(self.name, size=size, create=True)
+            # Not prefaulted: the trainer wants its first batch, not the whole
+            # arena mapped first (256 MiB: ~100 ms of a CPU the starting
+            # workers need); each page is faulted in as batches first reach it.
+            self.rdv = Rendezvous(self.name, size=size, create=True, prefault=False)
         return self.rdv
 
     def release(self) -> None:
@@ -544,8 +547,9 @@ class DataLoader:
     Workers (``num_workers``, started by ``multiprocessing_context``: fork,
     spawn or forkserver) get each batch's indices, fetch and collate, and
     write the batch into ``shm_size`` bytes of shared memory (default 256
-    MiB, reserved when the first epoch starts: it must hold
-    ``prefetch_factor * num_workers`` batches plus those the trainer keeps).
+    MiB, reserved when the first epoch starts, each page mapped in by its
+    first use: it must hold ``prefetch_factor * num_workers`` batches plus
+    those the trainer keeps).
     Nothing a worker sends is pickled: batches hold arrays, tensors,
     numbers, strings, bytes, and lists, tuples, dicts and named tuples of
     them; sampler indices are ints, strings, None or lists of them.
