@@ -135,6 +135,7 @@ _Static_assert(RDV_MAX_ARENA == (1ULL << (RDV_GRANULE_BITS + 6)) - RDV_PAGE && R
 _Static_assert(offsetof(struct rdv_header, version) == 8, "the version is where every layout had it");
 _Static_assert(offsetof(struct rdv_header, hash_seed) == 1 * RDV_LINE, "line 1");
 _Static_assert(offsetof(struct rdv_header, leases_dropped) == RDV_LINE + 28, "leases_dropped (tests read it)");
+_Static_assert(offsetof(struct rdv_header, seg_flags) == RDV_LINE + 32, "seg_flags (tests poke it)");
 _Static_assert(offsetof(struct rdv_header, abort_state) == 2 * RDV_LINE, "line 2");
 _Static_assert(offsetof(struct rdv_header, abort_reason) == 3 * RDV_LINE, "reason");
 _Static_assert(offsetof(struct rdv_header, marks) == 3 * RDV_LINE + RDV_REASON_MAX, "marks (tests poke them)");

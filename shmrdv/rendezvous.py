@@ -544,7 +544,11 @@ class Rendezvous:
     copy the first time a process touches it. Its memory is still reserved,
     so a short /dev/shm fails here, never later. For a segment much larger
     than what is touched soon, or one that must be ready at once (the data
-    loader's arena). Default True.
+    loader's arena); not with ``huge_pages=True`` (``InvalidArgument``:
+    faulting pages in is what makes them huge). The default, None, creates
+    a prefaulted segment; those who attach map it as its creator chose
+    (``stats().prefault``), and attaching with a ``prefault`` the segment
+    does not have raises ``SegmentMismatch``.
     """
 
     def __init__(
@@ -559,7 +563,7 @@ class Rendezvous:
         tls_ca: Optional[str] = None,
         timeout: Optional[float] = OPEN_TIMEOUT,
         huge_pages: bool = False,
-        prefault: bool = True,
+        prefault: Optional[bool] = None,
     ) -> None:
         self._h = None
         self._finalizer: Optional[weakref.finalize] = None
@@ -580,34 +584,41 @@ class Rendezvous:
         wait_ns = _timeout_ns(timeout)
         if huge_pages not in (True, False):
             raise InvalidType(f"huge_pages must be True or False, not {huge_pages!r}")
-        if prefault not in (True, False):
-            raise InvalidType(f"prefault must be True or False, not {prefault!r}")
+        if prefault not in (None, True, False):
+            raise InvalidType(f"prefault must be None, True or False, not {prefault!r}")
+        if huge_pages and prefault is False:
+            raise InvalidArgument("huge_pages=True with prefault=False: huge pages are made by faulting the segment "
+                                  "in as it is mapped; drop one of the two")
         self._name = name
         self._path = SEGMENT_PREFIX + name
-        flags = (lib.RDV_CREATE_HUGE_PAGES if huge_pages else 0) | (0 if prefault else lib.RDV_CREATE_NO_PREFAULT)
+        flags = (lib.RDV_CREATE_HUGE_PAGES if huge_pages else 0) | (lib.RDV_CREATE_NO_PREFAULT if prefault is False else 0)
         self._h = self._open(arena, keys, create, wait_ns, flags)
         self._capacity = int(lib.rdv_capacity(self._h))
         if private:
             self._finalizer = weakref.finalize(self, _unlink_private, name, os.getpid())
         if not self._created:
-            self._check_attached(req_size, max_keys, huge_pages)
+            self._check_attached(req_size, max_keys, huge_pages, prefault)
         self._attach_handle(self._h)
         if self._routes is not None:
             self._routes.announce(self)
 
-    def _check_attached(self, size: Optional[int], max_keys: Optional[int], huge: bool) -> None:
-        """An attach that asked for a size, max_keys or huge pages gets a segment that has them."""
+    def _check_attached(self, size: Optional[int], max_keys: Optional[int], huge: bool,
+                        prefault: Optional[bool]) -> None:
+        """An attach that asked for a size, max_keys, huge pages or a way of
+        faulting pages in gets a segment that has them."""
         differ = []
-        if huge:
-            out = ffi.new("struct rdv_stats *")
-            if lib.rdv_stats(self._h, out) == 0 and not out.flags & lib.RDV_CREATE_HUGE_PAGES:
+        out = ffi.new("struct rdv_stats *")
+        known = lib.rdv_stats(self._h, out) == 0
+        if known:
+            if huge and not out.flags & lib.RDV_CREATE_HUGE_PAGES:
                 differ.append(("huge_pages", False, True))
+            has_prefault = not out.flags & lib.RDV_CREATE_NO_PREFAULT
+            if prefault is not None and prefault != has_prefault:
+                differ.append(("prefault", has_prefault, prefault))
         if size is not None and size != self._capacity:
             differ.append(("size", self._capacity, size))
-        if max_keys is not None:
-            out = ffi.new("struct rdv_stats *")
-            if lib.rdv_stats(self._h, out) == 0 and out.max_keys != max_keys:
-                differ.append(("max_keys", int(out.max_keys), max_keys))
+        if known and max_keys is not None and out.max_keys != max_keys:
+            differ.append(("max_keys", int(out.max_keys), max_keys))
         if not differ:
             return
         self.close()
@@ -615,7 +626,8 @@ class Rendezvous:
         asked = " and ".join(f"{what}={value}" for what, _, value in differ)
         raise SegmentMismatch(
             f"rendezvous {self._name!r} already exists with {has}, not the {asked} asked for (size, "
-            f"max_keys and huge_pages only apply when creating it): attach without them, or with {has}; or remove it "
+            f"max_keys, huge_pages and prefault only apply when creating it): attach without them, or with {has}; or "
+            f"remove it "
             f"first (shmrdv rm {self._name}) to create it anew with {asked}")
 
     # ---- lifecycle ---------------------------------------------------------
@@ -689,10 +701,13 @@ class Rendezvous:
                 pause = min(2 * pause, 0.05)
                 continue
             if rc == -errno.EPROTONOSUPPORT:
+                version = _segment_version(self._path)
+                what = (f"was made with options this shmrdv does not know (a newer shmrdv's)"
+                        if version == str(lib.RDV_LAYOUT_VERSION) else
+                        f"has layout version {version}, this shmrdv uses version {lib.RDV_LAYOUT_VERSION}")
                 raise SegmentMismatch(
-                    f"attaching to rendezvous {self._name!r}: its segment has layout version "
-                    f"{_segment_version(self._path)}, this shmrdv uses version {lib.RDV_LAYOUT_VERSION}; "
-                    f"recreate it (shmrdv rm {self._name}) with this version, or use the shmrdv that made it")
+                    f"attaching to rendezvous {self._name!r}: its segment {what}; recreate it "
+                    f"(shmrdv rm {self._name}) with this shmrdv, or use the shmrdv that made it")
             if rc < 0:
                 raise_rc(rc, f"attaching to rendezvous {self._name!r}")
             self._created = False

@@ -57,8 +57,8 @@ class Stats:
     ``capacity`` plus about 1 % for the header and the key index."""
     prefault: bool = True
     """Whether each process faults the whole segment in when it maps it
-    (``Rendezvous(..., prefault=False)`` leaves each page to its first
-    touch)."""
+    (a segment created with ``prefault=False`` leaves each page to its
+    first touch, in every process)."""
 
 
 @dataclass(frozen=True)

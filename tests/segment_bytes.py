@@ -14,6 +14,7 @@ MARKS = 3 * 64 + 1024  # marks[0]; 32 B each
 ARENA_CTL = MARKS + 32 * 64
 MAX_KEYS = 64 + 16
 LEASES_DROPPED = 64 + 28
+SEG_FLAGS = 64 + 32  # RDV_CREATE_* of the creator
 PROC_ENTRY = 256
 KEY_COUNT = 32  # in a process entry: net << 27 | change in progress
 MARK_RECORD = 44 + 4 * 43  # in a process entry

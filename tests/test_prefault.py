@@ -2,16 +2,22 @@
 those who attach, without faulting its pages in; each page is resident once
 touched, and everything else works as with the default (every page faulted
 in when mapped). The space is reserved all the same (tests/test_small_shm.py)."""
+import errno
+import os
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
+import posix_ipc
 import pytest
 
 import shmrdv
 from shmrdv._native import ffi, lib
 from shmrdv.cli._common import pages_text
+
+from .conftest import segment_path
+from .segment_bytes import SEG_FLAGS, Segment
 
 MiB = 1 << 20
 
@@ -34,16 +40,17 @@ def resident_bytes(rdv: shmrdv.Rendezvous) -> int:
 
 @pytest.mark.parametrize("prefault", [True, False])
 def test_pages_are_resident_when_mapped_or_once_touched(rdv_name, prefault):
-    with shmrdv.Rendezvous(rdv_name, size=32 * MiB, create=True, prefault=prefault) as rdv:
+    with shmrdv.Rendezvous(rdv_name, size=64 * MiB, create=True, prefault=prefault) as rdv:
+        st = os.stat(segment_path(rdv_name))
+        assert st.st_blocks * 512 >= st.st_size  # reserved either way: no SIGBUS on a full /dev/shm later
         with shmrdv.Rendezvous(rdv_name, create=False) as attached:
             for handle in (rdv, attached):
-                st = handle.stats()
-                assert st.prefault is prefault
+                assert handle.stats().prefault is prefault
                 resident = resident_bytes(handle)
                 if prefault:
-                    assert resident >= 32 * MiB, resident
-                else:
-                    assert resident < 4 * MiB, resident
+                    assert resident >= 64 * MiB, resident
+                else:  # the header, index and side table touched (whole 2 MiB pages where tmpfs makes them huge)
+                    assert resident < 16 * MiB, resident
             before = resident_bytes(rdv)
             data = np.arange(4 * MiB, dtype=np.uint8)  # 4 MiB written into the arena
             rdv.send("k", data)
@@ -54,14 +61,47 @@ def test_pages_are_resident_when_mapped_or_once_touched(rdv_name, prefault):
         rdv.unlink()
 
 
-def test_bad_flag_and_what_stat_says(rdv_name):
-    with pytest.raises(shmrdv.InvalidType, match="prefault must be True or False, not 'no'"):
+def test_bad_arguments_and_attaching_with_the_other_choice(rdv_name):
+    with pytest.raises(shmrdv.InvalidType, match="prefault must be None, True or False, not 'no'"):
         shmrdv.Rendezvous(rdv_name, create=True, prefault="no")
+    with pytest.raises(shmrdv.InvalidArgument, match="huge_pages=True with prefault=False"):
+        shmrdv.Rendezvous(rdv_name, create=True, huge_pages=True, prefault=False)
+    assert not os.path.exists(segment_path(rdv_name))
     with shmrdv.Rendezvous(rdv_name, size=4 * MiB, create=True, prefault=False) as rdv:
         assert "faulted in by its first touch (prefault=False)" in pages_text(rdv.stats())
+        with pytest.raises(shmrdv.SegmentMismatch, match="prefault=False, not the prefault=True asked for"):
+            shmrdv.Rendezvous(rdv_name, create=False, prefault=True)
+        with shmrdv.Rendezvous(rdv_name, create=False, prefault=False) as same:
+            assert same.stats().prefault is False
         rdv.unlink()
     with shmrdv.Rendezvous(rdv_name, size=4 * MiB, create=True) as rdv:
         assert "first touch" not in pages_text(rdv.stats())
+        with pytest.raises(shmrdv.SegmentMismatch, match="prefault=True, not the prefault=False asked for"):
+            shmrdv.Rendezvous(rdv_name, create=False, prefault=False)
+        rdv.unlink()
+
+
+def test_the_core_refuses_both_page_flags_and_flags_it_does_not_know(rdv_name):
+    shm = posix_ipc.SharedMemory("/shmrdv-" + rdv_name, posix_ipc.O_CREX, mode=0o600)
+    try:
+        out = ffi.new("rdv_t **")
+        for flags in (lib.RDV_CREATE_HUGE_PAGES | lib.RDV_CREATE_NO_PREFAULT, 1 << 7):
+            assert lib.rdv_create_flags(shm.fd, MiB, 1024, flags, out) == -errno.EINVAL
+    finally:
+        shm.close_fd()
+        shm.unlink()
+    with shmrdv.Rendezvous(rdv_name, size=MiB, create=True) as rdv:
+        seg = Segment(rdv_name)
+        try:
+            seg.u32(SEG_FLAGS, 1 << 7)  # as a newer build's option would leave it
+            with pytest.raises(shmrdv.SegmentMismatch, match="made with options this shmrdv does not know"):
+                shmrdv.Rendezvous(rdv_name, create=False)
+            seg.u32(SEG_FLAGS, lib.RDV_CREATE_HUGE_PAGES | lib.RDV_CREATE_NO_PREFAULT)
+            with pytest.raises(shmrdv.SegmentMismatch, match="damaged or inconsistent"):
+                shmrdv.Rendezvous(rdv_name, create=False)
+            seg.u32(SEG_FLAGS, 0)
+        finally:
+            seg.close()
         rdv.unlink()
 
 
