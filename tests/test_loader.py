@@ -269,6 +269,24 @@ def test_trainer_memory_does_not_grow():
     loader.close()
 
 
+def test_the_arena_is_mapped_in_as_batches_reach_it():
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    loader = DataLoader(ds.Big(1 << 20, n=8), batch_size=None, num_workers=2)
+    try:
+        before = rss()
+        it = iter(loader)
+        float(next(it)[0])
+        assert it.workers.rdv.stats().prefault is False and loader.shm_size == 256 << 20
+        # the 256 MiB arena is reserved, but not mapped in ahead of the batches (that would delay the first one)
+        assert rss() - before < 64 << 20
+        del it
+    finally:
+        loader.close()
+
+
 def test_progress_bar(capsys, monkeypatch):
     assert len(list(DataLoader(ds.Squares(), batch_size=4, num_workers=1, progress=True))) == 10
     monkeypatch.setitem(__import__("sys").modules, "tqdm", None)  # without tqdm: a line on stderr
