@@ -1,4 +1,25 @@
-# The C core is compiled by cffi (API mode) from csrc/ at install time.
-from setuptools import setup
+# The C core is compiled by cffi (API mode) from csrc/ at install time into
+# shmrdv._native; shmrdv._fastpath, the hot paths against CPython and numpy,
+# calls that one core through the addresses _native gives it.
+import importlib.util
 
-setup(cffi_modules=["shmrdv/_build.py:ffibuilder"])
+import numpy
+from setuptools import Extension, setup
+
+# shmrdv/_build.py by path: the package itself cannot be imported before it is built
+_spec = importlib.util.spec_from_file_location("shmrdv_build", "shmrdv/_build.py")
+_build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_build)
+
+setup(
+    cffi_modules=["shmrdv/_build.py:ffibuilder"],
+    ext_modules=[
+        Extension(
+            "shmrdv._fastpath",
+            sources=["shmrdv/_fastpath.c"],
+            include_dirs=["csrc", numpy.get_include()],
+            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *_build.SANITIZE],
+            extra_link_args=_build.SANITIZE,
+        )
+    ],
+)

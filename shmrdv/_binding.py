@@ -1,8 +1,10 @@
-"""The binding layer: the compiled core, and the one place where its
-``-errno`` return codes become Python exceptions."""
+"""The binding layer: the compiled core, its hot paths against CPython
+(``fast``: ``shmrdv/_fastpath.c``, given the core's functions here), and
+the one place where its ``-errno`` return codes become Python exceptions."""
 import errno
 from typing import Callable, Dict, NoReturn, Optional, Tuple, Type
 
+from . import _fastpath as fast
 from ._native import ffi, lib  # noqa: F401  (re-exported to the other modules)
 from .errors import (
     Aborted,
@@ -13,6 +15,14 @@ from .errors import (
     SegmentMismatch,
     TooManyKeys,
 )
+
+
+def address(cdata: object) -> int:
+    """A pointer's address, for ``fast``'s calls."""
+    return int(ffi.cast("uintptr_t", cdata))
+
+
+fast.init(*(address(ffi.addressof(lib, name)) for name in ("rdv_send", "rdv_recv_start", "rdv_release_payload")))
 
 # errno -> (exception class, what the code says when the caller knows no more)
 _ERRORS: Dict[int, Tuple[Type[RendezvousError], str]] = {

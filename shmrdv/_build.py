@@ -12,7 +12,7 @@ _CSRC = _ROOT / "csrc"
 
 # SHMRDV_SANITIZE=1 builds the core under AddressSanitizer/UBSan (a test job
 # then runs Python with the ASan runtime preloaded).
-_SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"] if os.environ.get("SHMRDV_SANITIZE") else []
+SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"] if os.environ.get("SHMRDV_SANITIZE") else []
 
 ffibuilder = cffi.FFI()
 ffibuilder.cdef((_CSRC / "shmrdv.h").read_text())
@@ -21,8 +21,8 @@ ffibuilder.set_source(
     "#include <stdint.h>\n#include \"shmrdv.h\"\n",
     sources=sorted(os.path.relpath(p, _ROOT) for p in _CSRC.glob("*.c")),
     include_dirs=[os.path.relpath(_CSRC, _ROOT)],
-    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *_SANITIZE],
-    extra_link_args=_SANITIZE,
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SANITIZE],
+    extra_link_args=SANITIZE,
 )
 
 if __name__ == "__main__":

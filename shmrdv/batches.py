@@ -17,7 +17,7 @@ import numpy as np
 
 from . import async_recv
 from . import rendezvous as _rendezvous  # it imports this module: its names are read at call time
-from ._binding import ffi, lib
+from ._binding import address, ffi, lib
 from .codec import _MAX_CACHED, _key_cache, as_sendable
 from .codec import key_bytes as _key_bytes
 from .codec import timeout_ns as _timeout_ns
@@ -31,6 +31,7 @@ _per_thread = threading.local()  # each thread's batch of message infos
 
 MANY_MAX = lib.RDV_MANY_MAX
 """Messages one core call of a batch moves at most; longer batches take several calls."""
+_INFO_SIZE = ffi.sizeof("struct rdv_msg_info")  # the stride of a batch's infos
 
 
 class _Kind:
@@ -193,7 +194,7 @@ def recv_many(rdv: "Rendezvous", key: str, max_count: int, timeout: Optional[flo
     waiter, n = ffi.new("uint32_t *"), ffi.new("uint32_t *")
     flags = lib.RDV_RECV_LEASED if lease else 0
     step = _rendezvous._first_step(t)
-    made: List[Tuple[Any, Any]] = []  # (payload, its owner) of each view made, in order
+    made: List[Any] = []  # the owner (fast.view's array's base) of each view made, in order
     try:
         rc = lib.rdv_recv_many(h, kb, len(kb), step, flags, waiter, infos, count, n)
         taken = n[0]
@@ -216,7 +217,7 @@ def recv_many(rdv: "Rendezvous", key: str, max_count: int, timeout: Optional[flo
 
 
 def _put_back_all(rdv: "Rendezvous", h: Any, waiter: Any, flags: int, infos: Any, count: int,
-                  made: List[Tuple[Any, Any]]) -> None:
+                  made: List[Any]) -> None:
     """An interrupted recv_many: leave the line (taking a message handed over
     meanwhile), then every message taken, those made views included (their
     views never reach the caller), goes back to the head of the key in order,
@@ -224,9 +225,8 @@ def _put_back_all(rdv: "Rendezvous", h: Any, waiter: Any, flags: int, infos: Any
     if waiter[0] and lib.rdv_recv_cancel(h, waiter, flags, ffi.NULL, infos + 0) < 0:
         return
     payloads = []
-    for payload, owner in made:
-        ffi.gc(owner, None)  # its view is dropped unread: the message goes back instead of being freed
-        payloads.append(payload)
+    for owner in made:  # its view is dropped unread: the message goes back instead of being freed
+        payloads.append(ffi.cast("void *", owner.disarm()))
     for j in range(len(made), count):  # the core cleared what it did not fill; views made cleared theirs
         if infos[j].payload != ffi.NULL:
             payloads.append(infos[j].payload)
@@ -268,7 +268,7 @@ def _parsed(info: Any, as_torch: bool) -> Any:
 
 
 def _views(rdv: "Rendezvous", infos: Any, taken: int, writable: bool, as_torch: bool,
-           made: List[Tuple[Any, Any]]) -> List[Any]:
+           made: List[Any]) -> List[Any]:
     """The views of infos[0..taken), in order. If one cannot be made, it and
     those after it go back to the head of the key in their order (nothing is
     lost) and the views before it are returned; with none before it, its
@@ -290,6 +290,7 @@ def _views(rdv: "Rendezvous", infos: Any, taken: int, writable: bool, as_torch: 
             raise bad
     views: List[Any] = []
     make = rdv._view_parsed
+    base = address(infos)
     for i in range(good):
-        views.append(make(infos + i, parsed[i], writable, as_torch, made))
+        views.append(make(infos + i, parsed[i], writable, as_torch, made, base + i * _INFO_SIZE))
     return views

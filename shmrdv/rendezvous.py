@@ -16,7 +16,7 @@ import numpy as np
 import posix_ipc
 
 from . import async_recv, batches, huge_pages, limits
-from ._binding import ffi, lib, raise_rc
+from ._binding import address, fast, ffi, lib, raise_rc
 from .codec import _MAX_CACHED, _key_cache, as_sendable
 from .codec import dtype_code as _dtype_code
 from .codec import shape_of as _shape_of
@@ -295,13 +295,19 @@ class _SendForm:
 
 
 _send_forms: Dict[Tuple[np.dtype, Tuple[int, ...]], _SendForm] = {}
+# The same forms as fast.send reads them: (dtype code, shape and strides as
+# int64 bytes, nbytes); datetimes (sent as their int64 bits) are not here.
+_fast_forms: Dict[Tuple[np.dtype, Tuple[int, ...]], Tuple[bytes, bytes, int]] = {}
 
 
 def _send_form(dtype: np.dtype, shape: Tuple[int, ...]) -> _SendForm:
     form = _SendForm(dtype, shape)  # checks first: nothing unsendable is cached
     if len(_send_forms) >= _MAX_CACHED:
         _send_forms.clear()
+        _fast_forms.clear()
     _send_forms[(dtype, shape)] = form
+    if not form.bits:
+        _fast_forms[(dtype, shape)] = (form.code, ffi.buffer(form.dims, 16 * form.ndim)[:], form.nbytes)
     return form
 
 
@@ -317,13 +323,14 @@ def size_mismatch(shape: Tuple[int, ...], dtype: np.dtype, nbytes: int) -> Segme
                            f"{nbytes} bytes")
 
 
-def _thread_scratch() -> Tuple[Any, Any, Any]:
-    """This thread's reusable rdv_msg_info, waiter word, and the info's bytes
-    (a buffer over it, made once: the descriptor is read through it)."""
+def _thread_scratch() -> Tuple[Any, Any, Any, int, int]:
+    """This thread's reusable rdv_msg_info, waiter word, the info's bytes
+    (a buffer over it, made once: the descriptor is read through it), and
+    the info's and the waiter's addresses (for fast.recv)."""
     scratch = getattr(_per_thread, "scratch", None)
     if scratch is None:
-        info = ffi.new("struct rdv_msg_info *")
-        scratch = _per_thread.scratch = (info, ffi.new("uint32_t *"), ffi.buffer(info))
+        info, waiter = ffi.new("struct rdv_msg_info *"), ffi.new("uint32_t *")
+        scratch = _per_thread.scratch = (info, waiter, ffi.buffer(info), address(info), address(waiter))
     return scratch  # type: ignore[no-any-return]
 
 
@@ -790,6 +797,7 @@ class Rendezvous:
 
     def _attach_handle(self, h: Any) -> None:
         self._h = h
+        self._h_addr = address(h)  # for fast's calls, which take addresses
         self._forked = False
         self._release = partial(lib.rdv_release_payload, h)
         self._give_back = partial(lib.rdv_give_back, h)
@@ -899,8 +907,12 @@ class Rendezvous:
                 self._routes.send(self, url, key, array, timeout)
                 return
         t = -1 if timeout is None else _timeout_ns(timeout)
-        arr = array if type(array) is np.ndarray else self._sendable(array)
         h = self._h
+        if h is not None and fast.send(self._h_addr, kb, array, _fast_forms) == 0:
+            if _async_pending[0]:
+                async_recv.after_send()  # a future of ours it served is done when we return
+            return  # queued: a C-contiguous array of a form sent before, and room for it
+        arr = array if type(array) is np.ndarray else self._sendable(array)
         if h is None:
             h = self._handle()
         dtype = arr.dtype
@@ -1030,28 +1042,26 @@ class Rendezvous:
         return self._view_parsed(info, parsed, writable, as_torch)
 
     def _view_parsed(self, info: Any, parsed: Tuple[np.dtype, Tuple[int, ...], int], writable: bool,
-                     as_torch: bool, made: Optional[List[Tuple[Any, Any]]] = None) -> Any:
-        """_view once the descriptor is parsed; `made` collects (payload, its owner) for a caller that may give it back."""
+                     as_torch: bool, made: Optional[List[Any]] = None, info_addr: Optional[int] = None) -> Any:
+        """_view once the descriptor is parsed; `made` collects the payload's
+        owner for a caller that may give it back; info_addr is info's
+        address, when the caller has it."""
         dtype, shape, nbytes = parsed
         if as_torch and not tensor_dtype_ok(dtype):
             self._put_back(info)
             raise no_tensor_of(dtype)
-        # Cleared first: a message whose view may exist is never given back
-        # (an interruption between the two lines leaks the block instead).
-        raw, info.payload = info.payload, ffi.NULL
-        payload = ffi.gc(raw, self._release)  # released even if we raise below
-        if made is not None:
-            made.append((raw, payload))
         if nbytes != info.nbytes:
+            raw, info.payload = info.payload, ffi.NULL  # unreadable: freed, as its view would be
+            self._release(raw)
             raise size_mismatch(shape, dtype, info.nbytes)
-        # The array's base owns the payload. Read-only: frombuffer on a
-        # read-only memoryview, so the writeable flag cannot be turned back on
-        # (np.ndarray(buffer=) would take the writable exporter as its base).
-        mem = ffi.buffer(payload, nbytes)
-        if writable or as_torch:
-            return as_tensor(np.ndarray(shape, dtype, mem)) if as_torch else np.ndarray(shape, dtype, mem)
-        flat = np.frombuffer(memoryview(mem).toreadonly(), dtype)
-        return flat if len(shape) == 1 else flat.reshape(shape)
+        # The array's base owns the payload (fast.view clears info's): it is
+        # released when the last view of it goes. A read-only array cannot be
+        # made writable: its base has no buffer to write through.
+        arr = fast.view(self._h_addr, address(info) if info_addr is None else info_addr, dtype, shape,
+                        writable or as_torch)
+        if made is not None:
+            made.append(arr.base)
+        return as_tensor(arr) if as_torch else arr
 
     def _put_back(self, info: Any) -> None:
         """Give the message taken into info back to the head of its key, unviewed."""
@@ -1069,11 +1079,18 @@ class Rendezvous:
         if h is None:
             h = self._handle()
         scratch = getattr(_per_thread, "scratch", None)
-        info, waiter, info_bytes = scratch if scratch is not None else _thread_scratch()
+        info, waiter, info_bytes, info_addr, waiter_addr = scratch if scratch is not None else _thread_scratch()
         flags = lib.RDV_RECV_LEASED if lease else 0
         step = t if 0 <= t <= _FIRST_SLICE_NS else _FIRST_SLICE_NS  # _first_step, inline: the hot path
         try:
-            rc = lib.rdv_recv_start(h, kb, len(kb), step, flags, waiter, info)
+            if as_torch:
+                rc = lib.rdv_recv_start(h, kb, len(kb), step, flags, waiter, info)
+            else:  # the start, and the view when the descriptor is known: in C
+                rc = fast.recv(self._h_addr, kb, step, flags, writable, info_addr, waiter_addr, _descs)
+                if type(rc) is not int:
+                    if rc is not None:
+                        return rc
+                    rc = 0  # taken, into info: its view is made below
             if rc < 0 and (waiter[0] or (rc in _RETRY and step != t)):  # keep our place in line
                 rc = self._in_line(lambda ns: lib.rdv_recv_start(h, kb, len(kb), ns, flags, waiter, info), h, waiter,
                                    t, flags, ffi.NULL, info, step)
@@ -1251,7 +1268,7 @@ class Rendezvous:
         tensor = check_as_torch(as_torch, f"recv_any {names!r}")
         t = -1 if timeout is None else _timeout_ns(timeout)
         h = self._handle()
-        info, waiter, _ = _thread_scratch()
+        info, waiter, _, _, _ = _thread_scratch()
         which = ffi.new("uint32_t *")
         step = _first_step(t)
         try:

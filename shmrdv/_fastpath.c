@@ -1,0 +1,326 @@
+/* shmrdv._fastpath: the per-message hot paths of send and recv, and the
+ * making of every received view, in C against CPython and numpy.
+ *
+ * Why: a 64 B send plus a recv and its drop cost ~9 us through cffi and
+ * Python glue, of which the core's own work is under 2 us; here they are
+ * one call each. Nothing here decides anything the Python layer does not:
+ * each function either finishes the common case exactly as the Python code
+ * would, or returns None (an int, for a call into the core that did not
+ * succeed) and leaves the state as it found it, for the Python code to go
+ * on from (waiting in line, parsing a new descriptor, raising an error).
+ *
+ * The core is not linked in a second time: init() takes the addresses of
+ * its functions from the cffi module (shmrdv._native), so there is one
+ * core, one process table entry and one SIGBUS table per process. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shmrdv.h"
+
+/* Sends of at most this many bytes keep the GIL through the core's call:
+ * their copy (a few us at most) holds other threads up for less time than
+ * releasing and retaking the GIL costs the sender. Larger ones release it. */
+#define GIL_HELD_BYTES (64u << 10)
+
+static __typeof__(rdv_send) *core_send;
+static __typeof__(rdv_recv_start) *core_recv_start;
+static __typeof__(rdv_release_payload) *core_release;
+
+/* ---- Payload: the owner of one received message's block ------------------ */
+
+/* The base object of a received view: dropping the last view (or anything
+ * derived from it) releases the block, as rdv_release_payload says. It has
+ * no buffer interface, so numpy cannot turn a read-only view writable. */
+typedef struct {
+    PyObject_HEAD
+    rdv_t *h;
+    void *payload; /* NULL once released or disarmed */
+} Payload;
+
+static void payload_dealloc(Payload *self) {
+    void *payload = self->payload;
+    self->payload = NULL;
+    if (payload) {
+        rdv_t *h = self->h;
+        Py_BEGIN_ALLOW_THREADS /* may meet a lock a dead holder left: recovery runs */
+        core_release(h, payload);
+        Py_END_ALLOW_THREADS
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* disarm(): the block's address, no longer released when the views go (an
+ * interrupted recv_many gives it back to its key instead). */
+static PyObject *payload_disarm(Payload *self, PyObject *unused) {
+    (void)unused;
+    void *payload = self->payload;
+    self->payload = NULL;
+    return PyLong_FromVoidPtr(payload);
+}
+
+static PyMethodDef payload_methods[] = {
+    {"disarm", (PyCFunction)payload_disarm, METH_NOARGS, "The block's address; dropping the views no longer frees it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PayloadType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmrdv._fastpath.Payload",
+    .tp_basicsize = sizeof(Payload),
+    .tp_dealloc = (destructor)payload_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The shared-memory block of a received message: released when the last view of it goes.",
+    .tp_methods = payload_methods,
+};
+
+/* An array of dtype and shape over info's payload, which it takes (info's
+ * payload is cleared): the block is released when the array goes, or here
+ * if the array cannot be made. NULL with an exception on failure. */
+static PyObject *take_view(rdv_t *h, struct rdv_msg_info *info, PyObject *dtype, PyObject *shape, int writable) {
+    if (!PyArray_DescrCheck(dtype) || !PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) > RDV_NDIM_MAX) {
+        PyErr_SetString(PyExc_TypeError, "a view needs a numpy dtype and a shape tuple");
+        return NULL;
+    }
+    npy_intp dims[RDV_NDIM_MAX];
+    int nd = (int)PyTuple_GET_SIZE(shape);
+    for (int i = 0; i < nd; i++) {
+        dims[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        if (dims[i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    Payload *owner = PyObject_New(Payload, &PayloadType);
+    if (!owner)
+        return NULL; /* info keeps the payload: the caller gives it back */
+    owner->h = h;
+    owner->payload = info->payload;
+    info->payload = NULL; /* the owner's now: released even if we fail below */
+    Py_INCREF(dtype); /* PyArray_NewFromDescr steals it */
+    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, (PyArray_Descr *)dtype, nd, dims, NULL, owner->payload,
+                                         writable ? NPY_ARRAY_CARRAY : NPY_ARRAY_CARRAY_RO, NULL);
+    if (!arr) {
+        Py_DECREF(owner);
+        return NULL;
+    }
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)owner) < 0) { /* steals owner */
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+static int as_pointer(PyObject *o, void **out) {
+    *out = PyLong_AsVoidPtr(o);
+    return *out || !PyErr_Occurred();
+}
+
+/* view(h, info, dtype, shape, writable): take_view, for the Python layer
+ * (h and info as addresses). */
+static PyObject *view(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    void *h, *info;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "view(h, info, dtype, shape, writable)");
+        return NULL;
+    }
+    if (!as_pointer(args[0], &h) || !as_pointer(args[1], &info))
+        return NULL;
+    int writable = PyObject_IsTrue(args[4]);
+    if (writable < 0)
+        return NULL;
+    return take_view(h, info, args[2], args[3], writable);
+}
+
+/* recv(h, key, timeout_ns, flags, writable, info, waiter, descs): the
+ * start of a receive (rdv_recv_start, the GIL released while it waits),
+ * then, when a message was taken and descs (bytes of its descriptor ->
+ * (dtype, shape, nbytes), filled by the Python layer) knows it, its view.
+ * Returns the view; the core's code if no message was taken (info and the
+ * waiter word then as the core left them); None if one was taken but its
+ * descriptor is not in descs or disagrees with its length (info holds it).
+ * A signal that arrived meanwhile raises here, before any view exists,
+ * with the message still in info (the caller gives it back). */
+static PyObject *recv(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    void *h, *info_p, *waiter_p;
+    char *key;
+    Py_ssize_t key_len;
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "recv(h, key, timeout_ns, flags, writable, info, waiter, descs)");
+        return NULL;
+    }
+    if (!as_pointer(args[0], &h) || PyBytes_AsStringAndSize(args[1], &key, &key_len) < 0 ||
+        !as_pointer(args[5], &info_p) || !as_pointer(args[6], &waiter_p))
+        return NULL;
+    long long timeout_ns = PyLong_AsLongLong(args[2]);
+    unsigned long flags = PyLong_AsUnsignedLong(args[3]);
+    int writable = PyObject_IsTrue(args[4]);
+    if (PyErr_Occurred() || writable < 0)
+        return NULL;
+    if (!PyDict_CheckExact(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "descs must be a dict");
+        return NULL;
+    }
+    struct rdv_msg_info *info = info_p;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = core_recv_start(h, key, (uint32_t)key_len, timeout_ns, (uint32_t)flags, waiter_p, info);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return PyLong_FromLong(rc);
+    if (PyErr_CheckSignals() < 0)
+        return NULL;
+    if (info->ndim > RDV_NDIM_MAX)
+        Py_RETURN_NONE; /* the Python layer says what is wrong with it */
+    /* The descriptor's bytes, from ndim to the end of the dims: the cache key. */
+    PyObject *desc = PyBytes_FromStringAndSize((const char *)&info->ndim,
+                                               (Py_ssize_t)(offsetof(struct rdv_msg_info, dims) -
+                                                            offsetof(struct rdv_msg_info, ndim) + 16 * info->ndim));
+    if (!desc)
+        return NULL;
+    PyObject *parsed = PyDict_GetItemWithError(args[7], desc); /* borrowed */
+    Py_DECREF(desc);
+    if (!parsed) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    if (!PyTuple_CheckExact(parsed) || PyTuple_GET_SIZE(parsed) != 3) {
+        PyErr_SetString(PyExc_TypeError, "descs values must be (dtype, shape, nbytes)");
+        return NULL;
+    }
+    unsigned long long nbytes = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(parsed, 2));
+    if (PyErr_Occurred())
+        return NULL;
+    if (nbytes != info->nbytes)
+        Py_RETURN_NONE;
+    Py_INCREF(parsed); /* ours while the view is made, whatever the cache does meanwhile */
+    PyObject *arr = take_view(h, info, PyTuple_GET_ITEM(parsed, 0), PyTuple_GET_ITEM(parsed, 1), writable);
+    Py_DECREF(parsed);
+    return arr;
+}
+
+/* send(h, key, array, forms): the send of a C-contiguous ndarray whose
+ * (dtype, shape) forms knows (-> (dtype code, shape and strides as int64
+ * bytes, nbytes), filled by the Python layer), without waiting for room.
+ * The core's code (0: queued); None, having done nothing, for any other
+ * array: the Python layer sends it. */
+static PyObject *send(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    void *h;
+    char *key;
+    Py_ssize_t key_len;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "send(h, key, array, forms)");
+        return NULL;
+    }
+    if (!as_pointer(args[0], &h) || PyBytes_AsStringAndSize(args[1], &key, &key_len) < 0)
+        return NULL;
+    if (!PyArray_CheckExact(args[2]) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)args[2]) ||
+        !PyDict_CheckExact(args[3]))
+        Py_RETURN_NONE;
+    PyArrayObject *arr = (PyArrayObject *)args[2];
+    int nd = PyArray_NDIM(arr);
+    PyObject *shape = PyTuple_New(nd);
+    if (!shape)
+        return NULL;
+    for (int i = 0; i < nd; i++) {
+        PyObject *dim = PyLong_FromSsize_t(PyArray_DIMS(arr)[i]);
+        if (!dim) {
+            Py_DECREF(shape);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(shape, i, dim);
+    }
+    PyObject *form_key = PyTuple_Pack(2, (PyObject *)PyArray_DESCR(arr), shape);
+    Py_DECREF(shape);
+    if (!form_key)
+        return NULL;
+    PyObject *form = PyDict_GetItemWithError(args[3], form_key); /* borrowed */
+    Py_DECREF(form_key);
+    if (!form) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *code, *dims;
+    unsigned long long nbytes;
+    if (!PyArg_ParseTuple(form, "SSK", &code, &dims, &nbytes))
+        return NULL;
+    if (PyBytes_GET_SIZE(dims) != 16 * (Py_ssize_t)nd || nbytes != (unsigned long long)PyArray_NBYTES(arr))
+        Py_RETURN_NONE;
+    const char *code_s = PyBytes_AS_STRING(code);
+    uint32_t code_len = (uint32_t)PyBytes_GET_SIZE(code);
+    const int64_t *shape_strides = (const int64_t *)PyBytes_AS_STRING(dims);
+    int rc;
+    if (nbytes <= GIL_HELD_BYTES) {
+        /* A small copy: cheaper with the GIL held than released and taken
+         * back. A send that finds no room returns at once (timeout 0). */
+        rc = core_send(h, key, (uint32_t)key_len, code_s, code_len, (uint32_t)nd, shape_strides, shape_strides + nd,
+                       PyArray_DATA(arr), nbytes, 0);
+        return PyLong_FromLong(rc);
+    }
+    /* A large copy runs without the GIL, as cffi's calls do: the array is
+     * exported meanwhile (no other thread can resize it), and the form's
+     * bytes are held (another thread may drop them from forms). */
+    Py_buffer src;
+    if (PyObject_GetBuffer((PyObject *)arr, &src, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    Py_INCREF(code);
+    Py_INCREF(dims);
+    Py_BEGIN_ALLOW_THREADS
+    rc = core_send(h, key, (uint32_t)key_len, code_s, code_len, (uint32_t)nd, shape_strides, shape_strides + nd,
+                   src.buf, nbytes, 0);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(dims);
+    Py_DECREF(code);
+    PyBuffer_Release(&src);
+    return PyLong_FromLong(rc);
+}
+
+/* init(send, recv_start, release_payload): the core's functions, by address. */
+static PyObject *init(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    void *s, *r, *p;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "init(send, recv_start, release_payload)");
+        return NULL;
+    }
+    if (!as_pointer(args[0], &s) || !as_pointer(args[1], &r) || !as_pointer(args[2], &p))
+        return NULL;
+    if (!s || !r || !p) {
+        PyErr_SetString(PyExc_ValueError, "init needs the core's three functions");
+        return NULL;
+    }
+    core_send = s;
+    core_recv_start = r;
+    core_release = p;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, "init(send, recv_start, release_payload)"},
+    {"view", (PyCFunction)(void (*)(void))view, METH_FASTCALL, "view(h, info, dtype, shape, writable)"},
+    {"recv", (PyCFunction)(void (*)(void))recv, METH_FASTCALL,
+     "recv(h, key, timeout_ns, flags, writable, info, waiter, descs)"},
+    {"send", (PyCFunction)(void (*)(void))send, METH_FASTCALL, "send(h, key, array, forms)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "shmrdv._fastpath", "send and recv hot paths and received views, in C", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+    import_array();
+    if (PyType_Ready(&PayloadType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module && PyModule_AddObjectRef(module, "Payload", (PyObject *)&PayloadType) < 0)
+        Py_CLEAR(module);
+    return module;
+}

@@ -1,0 +1,163 @@
+"""The C hot paths (shmrdv/_fastpath.c): send of an array of a form sent
+before, recv of a descriptor seen before, and the views every receive makes.
+Each must give exactly what the Python paths give, fall back to them for
+everything else, and never lose or leak a block."""
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+import shmrdv
+from shmrdv import _fastpath, rendezvous
+
+MiB = 1 << 20
+
+DTYPES = ["bool",  # and bfloat16: tests/test_torch_interop.py "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
+          "float64", "complex64", "complex128", ">i4", ">f8", "S5", "U3", "datetime64[ns]", "timedelta64[s]"]
+SHAPES = [(), (0,), (7,), (2, 3, 4), (1, 0, 3)]
+
+
+def sample(dtype: np.dtype, shape) -> np.ndarray:
+    n = int(np.prod(shape))
+    raw = np.random.default_rng(n).integers(0, 255, n * dtype.itemsize, dtype=np.uint8)
+    if dtype.kind in "mM":
+        return np.arange(n, dtype=np.int64).view(dtype).reshape(shape)
+    return raw.view(dtype).reshape(shape) if n else np.zeros(shape, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_and_shape_twice(rdv, dtype):
+    """The first message of a form goes the Python way (and teaches the
+    caches), the second the C way: both the same, read-only, and freed."""
+    dtype = np.dtype(dtype)
+    for shape in SHAPES:
+        a = sample(dtype, shape)
+        for _ in range(2):
+            rdv.send("k", a)
+            v = rdv.recv("k", timeout=5)
+            assert v.dtype == dtype and v.shape == shape and v.tobytes() == a.tobytes()
+            assert not v.flags.writeable
+            with pytest.raises(ValueError):
+                v.flags.writeable = True  # its base lends no writable buffer
+            rdv.send("k", a)
+            w = rdv.recv("k", timeout=5, writable=True)
+            assert w.flags.writeable and w.tobytes() == a.tobytes()
+            if w.size:
+                w.reshape(-1)[0] = w.reshape(-1)[-1]  # writable memory
+            del v, w
+    assert rdv.stats().bytes_used == 0
+
+
+def test_views_keep_their_block_until_the_last_goes(rdv):
+    a = np.arange(1000, dtype=np.float64)
+    rdv.send("k", a)
+    rdv.send("k", a)  # the second of a form: the C way
+    first = rdv.recv("k")
+    v = rdv.recv("k")
+    assert type(v.base) is _fastpath.Payload
+    part = v[10:20]
+    del v
+    used = rdv.stats().bytes_used
+    assert np.array_equal(part, a[10:20])
+    del part
+    assert rdv.stats().bytes_used < used
+    del first
+    assert rdv.stats().bytes_used == 0
+
+
+def test_send_takes_the_python_path_for_what_it_does_not_know(rdv):
+    base = np.arange(24, dtype=np.int32).reshape(4, 6)
+    cases = [base[:, ::2], base.T, np.asfortranarray(base), base.view(type("Sub", (np.ndarray,), {})),
+             np.arange(3).astype("datetime64[D]"), [1, 2, 3], np.float32(3.5)]
+    for case in cases * 2:
+        rdv.send("k", case)
+        got = rdv.recv("k", timeout=5)
+        assert np.array_equal(got, np.asarray(case)) and got.dtype == np.asarray(case).dtype
+        del got
+    assert rdv.stats().bytes_used == 0
+
+
+def test_large_sends_and_a_full_arena(rdv):
+    big = np.full(MiB // 4, 7, np.float32)  # over the size sent with the GIL held
+    for _ in range(2):
+        rdv.send("big", big)
+        assert np.array_equal(rdv.recv("big", timeout=5), big)
+    held = []
+    with pytest.raises(shmrdv.RendezvousTimeout):
+        while True:  # fills the 4 MiB arena: the C send finds no room, the Python one waits and times out
+            rdv.send("full", big, timeout=0.05)
+            held.append(1)
+    assert 2 <= len(held) <= 4
+    rdv.recv("full", timeout=5)  # received and dropped: room again
+    rdv.send("full", big, timeout=5)
+    while rdv.stats().pending_messages:
+        rdv.recv("full", timeout=5)
+
+
+def test_recv_that_waits_and_times_out(rdv):
+    a = np.arange(4, dtype=np.int16)
+    rdv.send("k", a)
+    rdv.recv("k")  # the form is known: what follows takes the C path's start
+    with pytest.raises(shmrdv.RendezvousTimeout):
+        rdv.recv("k", timeout=0.05)
+    sender = threading.Timer(0.3, rdv.send, ("k", a))
+    sender.start()
+    try:
+        got = rdv.recv("k", timeout=10)  # waits in line past the first slice
+    finally:
+        sender.join()
+    assert np.array_equal(got, a)
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_while_waiting_leaves_the_line_and_loses_nothing(rdv):
+    """A signal handler that raises while recv waits in C: recv raises it,
+    out of line, and the message sent after it is the next recv's."""
+    def handler(signum, frame):
+        raise Interrupted()
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    main = threading.get_ident()
+    a = np.arange(8, dtype=np.int64)
+    rdv.send("k", a)
+    rdv.recv("k")  # the form is known: the waits below start in C
+    try:
+        for i in range(20):
+            t = threading.Timer(0.02, signal.pthread_kill, (main, signal.SIGUSR1))
+            t.start()
+            with pytest.raises(Interrupted):
+                rdv.recv("k", timeout=10)
+            t.join()
+            assert rdv.stats().waiters == 0
+            rdv.send("k", a + i)
+            assert np.array_equal(rdv.recv("k", timeout=10), a + i)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert rdv.stats().pending_messages == 0
+
+
+def test_the_hot_paths_are_the_ones_taken(rdv, monkeypatch):
+    """After the first message of a form, send and recv each make one call into C and none through cffi."""
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(rendezvous.lib, name)
+
+    a = np.ones(16, np.float32)
+    rdv.send("k", a)
+    rdv.recv("k")
+    monkeypatch.setattr(rendezvous, "lib", Counting())
+    for _ in range(10):
+        rdv.send("k", a)
+        del _
+        v = rdv.recv("k")
+        del v
+    monkeypatch.undo()
+    assert calls == []
