@@ -22,7 +22,8 @@ def address(cdata: object) -> int:
     return int(ffi.cast("uintptr_t", cdata))
 
 
-fast.init(*(address(ffi.addressof(lib, name)) for name in ("rdv_send", "rdv_recv_start", "rdv_release_payload")))
+fast.init(*(address(ffi.addressof(lib, name)) for name in ("rdv_send", "rdv_send_many", "rdv_recv_start",
+                                                              "rdv_release_payload")))
 
 # errno -> (exception class, what the code says when the caller knows no more)
 _ERRORS: Dict[int, Tuple[Type[RendezvousError], str]] = {

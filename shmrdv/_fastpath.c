@@ -27,7 +27,13 @@
  * releasing and retaking the GIL costs the sender. Larger ones release it. */
 #define GIL_HELD_BYTES (64u << 10)
 
+/* A send_many whose messages hold at most this many bytes in all keeps the
+ * GIL through the core's call, as a small send does; larger ones go the
+ * Python way, whose cffi call releases it. */
+#define MANY_GIL_HELD_BYTES (1u << 20)
+
 static __typeof__(rdv_send) *core_send;
+static __typeof__(rdv_send_many) *core_send_many;
 static __typeof__(rdv_recv_start) *core_recv_start;
 static __typeof__(rdv_release_payload) *core_release;
 
@@ -134,6 +140,38 @@ static PyObject *view(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return take_view(h, info, args[2], args[3], writable);
 }
 
+/* What descs (bytes of a descriptor -> (dtype, shape, nbytes), filled by
+ * the Python layer) says info's descriptor is: *parsed a new reference, or
+ * NULL if it does not know it or its length disagrees with info's (the
+ * Python layer then says what is wrong). -1 with an exception on error. */
+static int known(const struct rdv_msg_info *info, PyObject *descs, PyObject **parsed) {
+    *parsed = NULL;
+    if (info->ndim > RDV_NDIM_MAX)
+        return 0;
+    /* The descriptor's bytes, from ndim to the end of the dims: the cache key. */
+    PyObject *desc = PyBytes_FromStringAndSize((const char *)&info->ndim,
+                                               (Py_ssize_t)(offsetof(struct rdv_msg_info, dims) -
+                                                            offsetof(struct rdv_msg_info, ndim) + 16 * info->ndim));
+    if (!desc)
+        return -1;
+    PyObject *found = PyDict_GetItemWithError(descs, desc); /* borrowed */
+    Py_DECREF(desc);
+    if (!found)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 3) {
+        PyErr_SetString(PyExc_TypeError, "descs values must be (dtype, shape, nbytes)");
+        return -1;
+    }
+    unsigned long long nbytes = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(found, 2));
+    if (PyErr_Occurred())
+        return -1;
+    if (nbytes == info->nbytes) {
+        Py_INCREF(found); /* ours while a view is made, whatever the cache does meanwhile */
+        *parsed = found;
+    }
+    return 0;
+}
+
 /* recv(h, key, timeout_ns, flags, writable, info, waiter, descs): the
  * start of a receive (rdv_recv_start, the GIL released while it waits),
  * then, when a message was taken and descs (bytes of its descriptor ->
@@ -173,34 +211,63 @@ static PyObject *recv(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return PyLong_FromLong(rc);
     if (PyErr_CheckSignals() < 0)
         return NULL;
-    if (info->ndim > RDV_NDIM_MAX)
-        Py_RETURN_NONE; /* the Python layer says what is wrong with it */
-    /* The descriptor's bytes, from ndim to the end of the dims: the cache key. */
-    PyObject *desc = PyBytes_FromStringAndSize((const char *)&info->ndim,
-                                               (Py_ssize_t)(offsetof(struct rdv_msg_info, dims) -
-                                                            offsetof(struct rdv_msg_info, ndim) + 16 * info->ndim));
-    if (!desc)
+    PyObject *parsed;
+    if (known(info, args[7], &parsed) < 0)
         return NULL;
-    PyObject *parsed = PyDict_GetItemWithError(args[7], desc); /* borrowed */
-    Py_DECREF(desc);
-    if (!parsed) {
-        if (PyErr_Occurred())
-            return NULL;
+    if (!parsed)
         Py_RETURN_NONE;
-    }
-    if (!PyTuple_CheckExact(parsed) || PyTuple_GET_SIZE(parsed) != 3) {
-        PyErr_SetString(PyExc_TypeError, "descs values must be (dtype, shape, nbytes)");
-        return NULL;
-    }
-    unsigned long long nbytes = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(parsed, 2));
-    if (PyErr_Occurred())
-        return NULL;
-    if (nbytes != info->nbytes)
-        Py_RETURN_NONE;
-    Py_INCREF(parsed); /* ours while the view is made, whatever the cache does meanwhile */
     PyObject *arr = take_view(h, info, PyTuple_GET_ITEM(parsed, 0), PyTuple_GET_ITEM(parsed, 1), writable);
     Py_DECREF(parsed);
     return arr;
+}
+
+/* views(h, infos, n, writable, descs, made): the views of infos[0..n) (a
+ * batch taken by rdv_recv_many/rdv_recv_more), in order, each owner also
+ * appended to made, up to the first whose descriptor descs does not know
+ * (or disagrees with its length): that one and those after it stay in
+ * their infos for the Python layer. The list of the views made. */
+static PyObject *views(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    void *h, *infos_p;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "views(h, infos, n, writable, descs, made)");
+        return NULL;
+    }
+    if (!as_pointer(args[0], &h) || !as_pointer(args[1], &infos_p))
+        return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    int writable = PyObject_IsTrue(args[3]);
+    if ((n == -1 && PyErr_Occurred()) || writable < 0)
+        return NULL;
+    if (n < 0 || n > RDV_MANY_MAX || !PyDict_CheckExact(args[4]) || !PyList_CheckExact(args[5])) {
+        PyErr_SetString(PyExc_ValueError, "views needs 0 <= n <= RDV_MANY_MAX, a dict and a list");
+        return NULL;
+    }
+    struct rdv_msg_info *infos = infos_p;
+    PyObject *out = PyList_New(0);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *parsed;
+        if (known(&infos[i], args[4], &parsed) < 0)
+            goto fail;
+        if (!parsed)
+            break;
+        PyObject *arr = take_view(h, &infos[i], PyTuple_GET_ITEM(parsed, 0), PyTuple_GET_ITEM(parsed, 1), writable);
+        Py_DECREF(parsed);
+        if (!arr)
+            goto fail;
+        int rc = PyList_Append(args[5], PyArray_BASE((PyArrayObject *)arr));
+        if (rc == 0)
+            rc = PyList_Append(out, arr);
+        Py_DECREF(arr);
+        if (rc < 0)
+            goto fail;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
 }
 
 /* send(h, key, array, forms): the send of a C-contiguous ndarray whose
@@ -281,31 +348,107 @@ static PyObject *send(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(rc);
 }
 
-/* init(send, recv_start, release_payload): the core's functions, by address. */
-static PyObject *init(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+/* send_many(h, batch, kinds): a batch (a list of at most RDV_MANY_MAX
+ * (str key, array) tuples) in one rdv_send_many, without waiting for room,
+ * when every item is a C-contiguous ndarray whose (key, dtype, shape)
+ * kinds knows (-> the address of its struct rdv_send_item, kept alive by
+ * the Python layer) and all of them hold at most MANY_GIL_HELD_BYTES. How
+ * many were queued, in order: 0, having looked at every item and sent
+ * nothing, for any other batch (the Python layer checks and sends it). */
+static PyObject *send_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    void *s, *r, *p;
+    void *h;
     if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "init(send, recv_start, release_payload)");
+        PyErr_SetString(PyExc_TypeError, "send_many(h, batch, kinds)");
         return NULL;
     }
-    if (!as_pointer(args[0], &s) || !as_pointer(args[1], &r) || !as_pointer(args[2], &p))
+    if (!as_pointer(args[0], &h))
         return NULL;
-    if (!s || !r || !p) {
-        PyErr_SetString(PyExc_ValueError, "init needs the core's three functions");
+    PyObject *batch = args[1], *kinds = args[2];
+    if (!PyList_CheckExact(batch) || !PyDict_CheckExact(kinds))
+        return PyLong_FromLong(0);
+    Py_ssize_t n = PyList_GET_SIZE(batch);
+    if (n == 0 || n > RDV_MANY_MAX)
+        return PyLong_FromLong(0);
+    const struct rdv_send_item *items[RDV_MANY_MAX];
+    const void *srcs[RDV_MANY_MAX];
+    uint64_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pair = PyList_GET_ITEM(batch, i);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2)
+            return PyLong_FromLong(0);
+        PyObject *key = PyTuple_GET_ITEM(pair, 0), *a = PyTuple_GET_ITEM(pair, 1);
+        if (!PyUnicode_CheckExact(key) || !PyArray_CheckExact(a) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)a))
+            return PyLong_FromLong(0);
+        PyArrayObject *arr = (PyArrayObject *)a;
+        int nd = PyArray_NDIM(arr);
+        PyObject *shape = PyTuple_New(nd);
+        if (!shape)
+            return NULL;
+        for (int d = 0; d < nd; d++) {
+            PyObject *dim = PyLong_FromSsize_t(PyArray_DIMS(arr)[d]);
+            if (!dim) {
+                Py_DECREF(shape);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(shape, d, dim);
+        }
+        PyObject *kind_key = PyTuple_Pack(3, key, (PyObject *)PyArray_DESCR(arr), shape);
+        Py_DECREF(shape);
+        if (!kind_key)
+            return NULL;
+        PyObject *item = PyDict_GetItemWithError(kinds, kind_key); /* borrowed */
+        Py_DECREF(kind_key);
+        if (!item)
+            return PyErr_Occurred() ? NULL : PyLong_FromLong(0);
+        const struct rdv_send_item *it = PyLong_AsVoidPtr(item);
+        if (!it)
+            return PyErr_Occurred() ? NULL : PyLong_FromLong(0);
+        if (it->nbytes != (uint64_t)PyArray_NBYTES(arr) || it->ndim != (uint32_t)nd)
+            return PyLong_FromLong(0);
+        total += it->nbytes;
+        items[i] = it;
+        srcs[i] = PyArray_DATA(arr);
+    }
+    if (total > MANY_GIL_HELD_BYTES)
+        return PyLong_FromLong(0);
+    uint32_t sent = 0;
+    /* The GIL held throughout: no other thread can drop a kind (its item)
+     * or resize an array meanwhile. No room: it returns at once (timeout 0)
+     * with how many it queued. */
+    (void)core_send_many(h, items, srcs, (uint32_t)n, 0, &sent);
+    return PyLong_FromUnsignedLong(sent);
+}
+
+/* init(send, send_many, recv_start, release_payload): the core's functions, by address. */
+static PyObject *init(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    void *s, *m, *r, *p;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "init(send, send_many, recv_start, release_payload)");
+        return NULL;
+    }
+    if (!as_pointer(args[0], &s) || !as_pointer(args[1], &m) || !as_pointer(args[2], &r) ||
+        !as_pointer(args[3], &p))
+        return NULL;
+    if (!s || !m || !r || !p) {
+        PyErr_SetString(PyExc_ValueError, "init needs the core's four functions");
         return NULL;
     }
     core_send = s;
+    core_send_many = m;
     core_recv_start = r;
     core_release = p;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
-    {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, "init(send, recv_start, release_payload)"},
+    {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, "init(send, send_many, recv_start, release_payload)"},
+    {"send_many", (PyCFunction)(void (*)(void))send_many, METH_FASTCALL, "send_many(h, batch, kinds)"},
     {"view", (PyCFunction)(void (*)(void))view, METH_FASTCALL, "view(h, info, dtype, shape, writable)"},
     {"recv", (PyCFunction)(void (*)(void))recv, METH_FASTCALL,
      "recv(h, key, timeout_ns, flags, writable, info, waiter, descs)"},
+    {"views", (PyCFunction)(void (*)(void))views, METH_FASTCALL, "views(h, infos, n, writable, descs, made)"},
     {"send", (PyCFunction)(void (*)(void))send, METH_FASTCALL, "send(h, key, array, forms)"},
     {NULL, NULL, 0, NULL},
 };

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import async_recv
 from . import rendezvous as _rendezvous  # it imports this module: its names are read at call time
-from ._binding import address, ffi, lib
+from ._binding import address, fast, ffi, lib
 from .codec import _MAX_CACHED, _key_cache, as_sendable
 from .codec import key_bytes as _key_bytes
 from .codec import timeout_ns as _timeout_ns
@@ -50,6 +50,9 @@ class _Kind:
 
 
 _kinds: Dict[Tuple[str, np.dtype, Tuple[int, ...]], _Kind] = {}
+# The same kinds as fast.send_many reads them: the address of each one's
+# item (kept alive by _kinds); datetimes (sent as their int64 bits) are not here.
+_fast_kinds: Dict[Tuple[str, np.dtype, Tuple[int, ...]], int] = {}
 
 
 def _kind(key: object, arr: np.ndarray) -> _Kind:
@@ -57,7 +60,10 @@ def _kind(key: object, arr: np.ndarray) -> _Kind:
     form = _rendezvous._send_forms.get((arr.dtype, arr.shape)) or _rendezvous._send_form(arr.dtype, arr.shape)
     if len(_kinds) >= _MAX_CACHED:
         _kinds.clear()
+        _fast_kinds.clear()
     kind = _kinds[(key, arr.dtype, arr.shape)] = _Kind(key, kb, form)  # type: ignore[index]
+    if not form.bits and type(key) is str:
+        _fast_kinds[(key, arr.dtype, arr.shape)] = address(kind.item)
     return kind
 
 
@@ -107,12 +113,21 @@ def send_many(rdv: "Rendezvous", items: Iterable[Tuple[str, Any]], timeout: Opti
     t = _timeout_ns(timeout)
     deadline = None if t < 0 else time.monotonic_ns() + t
     batch = items if type(items) is list else list(items)
-    chunks = [_prepare(batch[at:at + MANY_MAX], at) for at in range(0, len(batch), MANY_MAX)]  # checks all first
+    total = 0  # queued so far
+    if rdv._routes is None and rdv._h is not None:
+        # Kinds sent before, all in one core call, in C (or none of them):
+        # what found no room goes the way below, its items checked again.
+        total = fast.send_many(rdv._h_addr, batch, _fast_kinds)
+        if total == len(batch):
+            if total and _rendezvous._async_pending[0]:
+                async_recv.after_send()  # a future of ours a message served is done when we return, as with send
+            return total
+        batch = batch[total:] if total else batch
+    chunks = [_prepare(batch[at:at + MANY_MAX], total + at) for at in range(0, len(batch), MANY_MAX)]  # checks all
     if rdv._routes is not None and any(rdv._routes.url_for(kind.key) is not None
                                        for prepared in chunks for kind in prepared.kinds):
         return _send_each(rdv, batch, deadline)
     h = rdv._handle()
-    total = 0
     try:
         for prepared in chunks:
             left = -1 if deadline is None else max(0, deadline - time.monotonic_ns())
@@ -274,8 +289,14 @@ def _views(rdv: "Rendezvous", infos: Any, taken: int, writable: bool, as_torch: 
     lost) and the views before it are returned; with none before it, its
     error is raised (a message whose metadata contradicts its payload is
     freed instead, as ``recv`` frees it)."""
-    parsed = [_parsed(infos + i, as_torch) for i in range(taken)]
-    good = next((i for i, p in enumerate(parsed) if isinstance(p, BaseException)), taken)
+    base = address(infos)
+    # Those of descriptors seen before, in C, up to the first that is not.
+    views: List[Any] = [] if as_torch else fast.views(rdv._h_addr, base, taken, writable, _rendezvous._descs, made)
+    start = len(views)
+    if start == taken:
+        return views
+    parsed = [None] * start + [_parsed(infos + i, as_torch) for i in range(start, taken)]
+    good = next((i for i in range(start, taken) if isinstance(parsed[i], BaseException)), taken)
     if good < taken:
         bad = parsed[good]
         back = range(good + (1 if good == 0 and isinstance(bad, SegmentMismatch) else 0), taken)
@@ -288,9 +309,7 @@ def _views(rdv: "Rendezvous", infos: Any, taken: int, writable: bool, as_torch: 
                 raw, infos[0].payload = infos[0].payload, ffi.NULL
                 rdv._release(raw)
             raise bad
-    views: List[Any] = []
     make = rdv._view_parsed
-    base = address(infos)
-    for i in range(good):
+    for i in range(start, good):
         views.append(make(infos + i, parsed[i], writable, as_torch, made, base + i * _INFO_SIZE))
     return views

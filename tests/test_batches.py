@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import shmrdv
-from shmrdv import batches
+from shmrdv import _fastpath, batches, rendezvous
 
 from . import workers
 
@@ -204,9 +204,26 @@ def _interrupt_on(call_number):
     return maybe
 
 
-@pytest.mark.parametrize("where", ["parsing", "making views"])
+class _ViewsThenInterrupt:
+    """shmrdv._fastpath, but a KeyboardInterrupt once views() has made its views."""
+
+    def __getattr__(self, name):
+        return getattr(_fastpath, name)
+
+    def views(self, *args):
+        _fastpath.views(*args)
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("where", ["parsing", "making views", "after the views made in C"])
 def test_an_interrupted_batch_gives_everything_back_in_order(rdv, monkeypatch, where):
     rdv.send_many([("k", np.array([i])) for i in range(4)])
+    if where == "after the views made in C":
+        rdv.send("k0", np.array([9]))
+        rdv.recv("k0")  # the descriptor is known: all four views are made in C
+        monkeypatch.setattr(batches, "fast", _ViewsThenInterrupt())
+    else:  # a descriptor not seen before: parsed and made views in Python
+        monkeypatch.setattr(rendezvous, "_descs", {})
     if where == "parsing":
         real = batches._parsed
         trip = _interrupt_on(2)

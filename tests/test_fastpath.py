@@ -161,3 +161,50 @@ def test_the_hot_paths_are_the_ones_taken(rdv, monkeypatch):
         del v
     monkeypatch.undo()
     assert calls == []
+
+
+def test_recv_many_makes_views_in_c_then_in_python_in_order(rdv, monkeypatch):
+    monkeypatch.setattr(rendezvous, "_descs", {})
+    known = np.arange(3, dtype=np.int32)
+    rdv.send("k", known)
+    rdv.recv("k")  # this one's descriptor is known from now on
+    new = np.arange(15, dtype=np.uint16).reshape(3, 5)
+    items = [known, known + 1, new, known + 2, new + 1]
+    rdv.send_many([("k", a) for a in items])
+    got = rdv.recv_many("k", 10)
+    assert len(got) == 5 and all(np.array_equal(g, a) and g.dtype == a.dtype for g, a in zip(got, items))
+    assert [type(g.base) for g in got] == [_fastpath.Payload] * 5 and not any(g.flags.writeable for g in got)
+    del got
+    assert rdv.stats().bytes_used == 0
+
+
+def test_send_many_in_c_sends_all_or_leaves_the_batch_to_python(rdv):
+    a = np.arange(256, dtype=np.float32)  # 1 KiB
+    rdv.send_many([("k", a)])  # the kind is known from now on
+    rdv.recv("k")
+    with pytest.raises(shmrdv.InvalidType, match="item 3, nothing sent"):
+        rdv.send_many([("k", a)] * 3 + [("k", object())])  # known kinds, then a bad item: nothing is sent
+    assert rdv.stats().pending_messages == 0
+    rdv.send_many([("k", a + i) for i in range(5)] + [("other", a[:10])])  # a new kind among known ones
+    got = rdv.recv_many("k", 10) + rdv.recv_many("other", 10)
+    assert [float(g[0]) for g in got] == [0, 1, 2, 3, 4, 0] and len(got[-1]) == 10
+    del got
+    small = np.zeros(16 << 10, np.float32)  # 64 KiB
+    rdv.send_many([("small", small)])
+    rdv.recv("small")
+    held = []
+    for _ in range(3):  # three of the 4 MiB held, and some more: about half a MiB left
+        rdv.send("big", np.zeros(MiB // 4 - 64, np.float32))
+        held.append(rdv.recv("big"))
+    for _ in range(7):
+        rdv.send("small", small)
+        held.append(rdv.recv("small"))
+    with pytest.raises(shmrdv.RendezvousTimeout) as err:
+        rdv.send_many([("small", small)] * 12, timeout=0.05)  # 768 KiB: C sends what fits, Python waits for the rest
+    sent = err.value.sent
+    assert 0 < sent < 12 and rdv.stats().pending_messages == sent
+    assert f"the {sent} item(s) before it were sent" in str(err.value)
+    del held
+    for _ in range(sent):
+        rdv.recv("small", timeout=5)
+    assert rdv.stats().bytes_used == 0
