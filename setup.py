@@ -18,6 +18,9 @@ setup(
             "shmrdv._fastpath",
             sources=["shmrdv/_fastpath.c"],
             include_dirs=["csrc", numpy.get_include()],
+            # numpy's C API as 1.24 has it, the oldest numpy shmrdv runs with,
+            # whatever numpy it is built against
+            define_macros=[("NPY_TARGET_VERSION", "NPY_1_24_API_VERSION")],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *_build.SANITIZE],
             extra_link_args=_build.SANITIZE,
         )

@@ -45,7 +45,7 @@ static __typeof__(rdv_release_payload) *core_release;
 typedef struct {
     PyObject_HEAD
     rdv_t *h;
-    void *payload; /* NULL once released or disarmed */
+    void *payload; /* NULL once released or disarmed (_disarm) */
 } Payload;
 
 static void payload_dealloc(Payload *self) {
@@ -60,8 +60,8 @@ static void payload_dealloc(Payload *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* disarm(): the block's address, no longer released when the views go (an
- * interrupted recv_many gives it back to its key instead). */
+/* _disarm(): the block's address, no longer released when the views go
+ * (an interrupted recv_many gives it back to its key instead). */
 static PyObject *payload_disarm(Payload *self, PyObject *unused) {
     (void)unused;
     void *payload = self->payload;
@@ -70,7 +70,7 @@ static PyObject *payload_disarm(Payload *self, PyObject *unused) {
 }
 
 static PyMethodDef payload_methods[] = {
-    {"disarm", (PyCFunction)payload_disarm, METH_NOARGS, "The block's address; dropping the views no longer frees it."},
+    {"_disarm", (PyCFunction)payload_disarm, METH_NOARGS, "The block's address; dropping the views no longer frees it."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -89,6 +89,10 @@ static PyTypeObject PayloadType = {
 static PyObject *take_view(rdv_t *h, struct rdv_msg_info *info, PyObject *dtype, PyObject *shape, int writable) {
     if (!PyArray_DescrCheck(dtype) || !PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) > RDV_NDIM_MAX) {
         PyErr_SetString(PyExc_TypeError, "a view needs a numpy dtype and a shape tuple");
+        return NULL;
+    }
+    if (!info->payload) {
+        PyErr_SetString(PyExc_ValueError, "no message to make a view of: the info holds none");
         return NULL;
     }
     npy_intp dims[RDV_NDIM_MAX];
@@ -118,6 +122,14 @@ static PyObject *take_view(rdv_t *h, struct rdv_msg_info *info, PyObject *dtype,
     return arr;
 }
 
+/* The core's functions are given by init(); the module is unusable before. */
+static int ready(void) {
+    if (core_send && core_send_many && core_recv_start && core_release)
+        return 1;
+    PyErr_SetString(PyExc_RuntimeError, "shmrdv._fastpath is used through shmrdv, which gives it the core (init)");
+    return 0;
+}
+
 static int as_pointer(PyObject *o, void **out) {
     *out = PyLong_AsVoidPtr(o);
     return *out || !PyErr_Occurred();
@@ -128,6 +140,8 @@ static int as_pointer(PyObject *o, void **out) {
 static PyObject *view(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     void *h, *info;
+    if (!ready())
+        return NULL;
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "view(h, info, dtype, shape, writable)");
         return NULL;
@@ -186,6 +200,8 @@ static PyObject *recv(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     void *h, *info_p, *waiter_p;
     char *key;
     Py_ssize_t key_len;
+    if (!ready())
+        return NULL;
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "recv(h, key, timeout_ns, flags, writable, info, waiter, descs)");
         return NULL;
@@ -229,6 +245,8 @@ static PyObject *recv(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *views(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     void *h, *infos_p;
+    if (!ready())
+        return NULL;
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "views(h, infos, n, writable, descs, made)");
         return NULL;
@@ -280,6 +298,8 @@ static PyObject *send(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     void *h;
     char *key;
     Py_ssize_t key_len;
+    if (!ready())
+        return NULL;
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "send(h, key, array, forms)");
         return NULL;
@@ -351,13 +371,15 @@ static PyObject *send(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 /* send_many(h, batch, kinds): a batch (a list of at most RDV_MANY_MAX
  * (str key, array) tuples) in one rdv_send_many, without waiting for room,
  * when every item is a C-contiguous ndarray whose (key, dtype, shape)
- * kinds knows (-> the address of its struct rdv_send_item, kept alive by
- * the Python layer) and all of them hold at most MANY_GIL_HELD_BYTES. How
- * many were queued, in order: 0, having looked at every item and sent
- * nothing, for any other batch (the Python layer checks and sends it). */
+ * kinds knows (-> (the address of its struct rdv_send_item, the object
+ * that owns it)) and all of them hold at most MANY_GIL_HELD_BYTES. How
+ * many were queued, in order; 0, having sent nothing, for any other batch
+ * (the Python layer checks and sends it). */
 static PyObject *send_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     void *h;
+    if (!ready())
+        return NULL;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "send_many(h, batch, kinds)");
         return NULL;
@@ -372,52 +394,78 @@ static PyObject *send_many(PyObject *module, PyObject *const *args, Py_ssize_t n
         return PyLong_FromLong(0);
     const struct rdv_send_item *items[RDV_MANY_MAX];
     const void *srcs[RDV_MANY_MAX];
+    /* Each item's pair (its array) and kind, held until the core returns:
+     * the allocations below may run the garbage collector, and with it
+     * code of other threads that could change the batch or drop a kind. */
+    PyObject *held[2 * RDV_MANY_MAX];
+    Py_ssize_t nheld = 0;
+    PyObject *result = NULL;
     uint64_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (i >= PyList_GET_SIZE(batch))
+            goto decline; /* shortened meanwhile */
         PyObject *pair = PyList_GET_ITEM(batch, i);
         if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2)
-            return PyLong_FromLong(0);
+            goto decline;
+        Py_INCREF(pair);
+        held[nheld++] = pair;
         PyObject *key = PyTuple_GET_ITEM(pair, 0), *a = PyTuple_GET_ITEM(pair, 1);
         if (!PyUnicode_CheckExact(key) || !PyArray_CheckExact(a) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)a))
-            return PyLong_FromLong(0);
+            goto decline;
         PyArrayObject *arr = (PyArrayObject *)a;
         int nd = PyArray_NDIM(arr);
         PyObject *shape = PyTuple_New(nd);
         if (!shape)
-            return NULL;
+            goto done;
         for (int d = 0; d < nd; d++) {
             PyObject *dim = PyLong_FromSsize_t(PyArray_DIMS(arr)[d]);
             if (!dim) {
                 Py_DECREF(shape);
-                return NULL;
+                goto done;
             }
             PyTuple_SET_ITEM(shape, d, dim);
         }
         PyObject *kind_key = PyTuple_Pack(3, key, (PyObject *)PyArray_DESCR(arr), shape);
         Py_DECREF(shape);
         if (!kind_key)
-            return NULL;
-        PyObject *item = PyDict_GetItemWithError(kinds, kind_key); /* borrowed */
+            goto done;
+        PyObject *kind = PyDict_GetItemWithError(kinds, kind_key); /* borrowed, then held */
         Py_DECREF(kind_key);
-        if (!item)
-            return PyErr_Occurred() ? NULL : PyLong_FromLong(0);
-        const struct rdv_send_item *it = PyLong_AsVoidPtr(item);
-        if (!it)
-            return PyErr_Occurred() ? NULL : PyLong_FromLong(0);
+        if (!kind) {
+            if (PyErr_Occurred())
+                goto done;
+            goto decline;
+        }
+        if (!PyTuple_CheckExact(kind) || PyTuple_GET_SIZE(kind) != 2)
+            goto decline;
+        Py_INCREF(kind);
+        held[nheld++] = kind;
+        const struct rdv_send_item *it = PyLong_AsVoidPtr(PyTuple_GET_ITEM(kind, 0));
+        if (!it) {
+            if (PyErr_Occurred())
+                goto done;
+            goto decline;
+        }
         if (it->nbytes != (uint64_t)PyArray_NBYTES(arr) || it->ndim != (uint32_t)nd)
-            return PyLong_FromLong(0);
+            goto decline;
         total += it->nbytes;
         items[i] = it;
         srcs[i] = PyArray_DATA(arr);
     }
     if (total > MANY_GIL_HELD_BYTES)
-        return PyLong_FromLong(0);
+        goto decline;
     uint32_t sent = 0;
-    /* The GIL held throughout: no other thread can drop a kind (its item)
-     * or resize an array meanwhile. No room: it returns at once (timeout 0)
-     * with how many it queued. */
+    /* The GIL held through the call: no other thread runs meanwhile. No
+     * room: it returns at once (timeout 0) with how many it queued. */
     (void)core_send_many(h, items, srcs, (uint32_t)n, 0, &sent);
-    return PyLong_FromUnsignedLong(sent);
+    result = PyLong_FromUnsignedLong(sent);
+    goto done;
+decline:
+    result = PyLong_FromLong(0);
+done:
+    while (nheld > 0)
+        Py_DECREF(held[--nheld]);
+    return result;
 }
 
 /* init(send, send_many, recv_start, release_payload): the core's functions, by address. */
@@ -463,7 +511,12 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     if (PyType_Ready(&PayloadType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
-    if (module && PyModule_AddObjectRef(module, "Payload", (PyObject *)&PayloadType) < 0)
+    if (!module)
+        return NULL;
+    Py_INCREF(&PayloadType); /* PyModule_AddObject steals it on success (PyModule_AddObjectRef is 3.10+) */
+    if (PyModule_AddObject(module, "Payload", (PyObject *)&PayloadType) < 0) {
+        Py_DECREF(&PayloadType);
         Py_CLEAR(module);
+    }
     return module;
 }

@@ -50,20 +50,20 @@ class _Kind:
 
 
 _kinds: Dict[Tuple[str, np.dtype, Tuple[int, ...]], _Kind] = {}
-# The same kinds as fast.send_many reads them: the address of each one's
-# item (kept alive by _kinds); datetimes (sent as their int64 bits) are not here.
-_fast_kinds: Dict[Tuple[str, np.dtype, Tuple[int, ...]], int] = {}
+# The same kinds as fast.send_many reads them: (the address of each one's
+# item, the kind that owns it); datetimes (sent as their int64 bits) are not here.
+_fast_kinds: Dict[Tuple[str, np.dtype, Tuple[int, ...]], Tuple[int, _Kind]] = {}
 
 
 def _kind(key: object, arr: np.ndarray) -> _Kind:
     kb = _key_bytes(key)
     form = _rendezvous._send_forms.get((arr.dtype, arr.shape)) or _rendezvous._send_form(arr.dtype, arr.shape)
     if len(_kinds) >= _MAX_CACHED:
-        _kinds.clear()
         _fast_kinds.clear()
+        _kinds.clear()
     kind = _kinds[(key, arr.dtype, arr.shape)] = _Kind(key, kb, form)  # type: ignore[index]
     if not form.bits and type(key) is str:
-        _fast_kinds[(key, arr.dtype, arr.shape)] = address(kind.item)
+        _fast_kinds[(key, arr.dtype, arr.shape)] = (address(kind.item), kind)
     return kind
 
 
@@ -241,7 +241,7 @@ def _put_back_all(rdv: "Rendezvous", h: Any, waiter: Any, flags: int, infos: Any
         return
     payloads = []
     for owner in made:  # its view is dropped unread: the message goes back instead of being freed
-        payloads.append(ffi.cast("void *", owner.disarm()))
+        payloads.append(ffi.cast("void *", owner._disarm()))
     for j in range(len(made), count):  # the core cleared what it did not fill; views made cleared theirs
         if infos[j].payload != ffi.NULL:
             payloads.append(infos[j].payload)

@@ -2,6 +2,7 @@
 before, recv of a descriptor seen before, and the views every receive makes.
 Each must give exactly what the Python paths give, fall back to them for
 everything else, and never lose or leak a block."""
+import gc
 import signal
 import threading
 
@@ -10,6 +11,7 @@ import pytest
 
 import shmrdv
 from shmrdv import _fastpath, rendezvous
+from shmrdv._native import ffi
 
 MiB = 1 << 20
 
@@ -208,3 +210,27 @@ def test_send_many_in_c_sends_all_or_leaves_the_batch_to_python(rdv):
     for _ in range(sent):
         rdv.recv("small", timeout=5)
     assert rdv.stats().bytes_used == 0
+
+
+def test_send_many_after_a_kind_was_made_again_sends_what_it_says(rdv):
+    """A kind made again (a str subclass's key replaces the cached entry of
+    the equal str) must not leave the C path an item that is gone."""
+    class Key(str):
+        pass
+
+    a = np.arange(4, dtype=np.int32)
+    rdv.send_many([("k", a)])
+    rdv.send_many([(Key("k"), a)])  # makes the kind anew over the cached one
+    gc.collect()
+    key, code, dims = ffi.new("char[]", b"EVIL"), ffi.new("char[]", b"<u1"), ffi.new("int64_t[]", [16, 1])
+    junk = []
+    for _ in range(20000):  # items of another key where a freed one lay, if one was freed
+        item = ffi.new("struct rdv_send_item *")
+        item.key, item.key_len, item.dtype, item.dtype_len = key, 4, code, 3
+        item.ndim, item.shape, item.strides, item.nbytes = 1, dims, dims + 1, 16
+        junk.append(item)
+    rdv.send_many([("k", a + 1)])
+    del junk
+    got = rdv.recv_many("k", 10)
+    assert [g.tolist() for g in got] == [[0, 1, 2, 3]] * 2 + [[1, 2, 3, 4]] and all(g.dtype == np.int32 for g in got)
+    assert rdv.stats().keys == 0 and rdv.stats().pending_messages == 0  # no message went to another key
