@@ -288,6 +288,28 @@ fail:
     return NULL;
 }
 
+/* The key the Python layer caches arr's send under: (dtype, shape), as
+ * rendezvous._send_forms has it, or with key (not NULL) first, as
+ * batches._kinds has it. A new reference, NULL with an exception. */
+static PyObject *cache_key(PyObject *key, PyArrayObject *arr) {
+    int nd = PyArray_NDIM(arr);
+    PyObject *shape = PyTuple_New(nd);
+    if (!shape)
+        return NULL;
+    for (int i = 0; i < nd; i++) {
+        PyObject *dim = PyLong_FromSsize_t(PyArray_DIMS(arr)[i]);
+        if (!dim) {
+            Py_DECREF(shape);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(shape, i, dim);
+    }
+    PyObject *out = key ? PyTuple_Pack(3, key, (PyObject *)PyArray_DESCR(arr), shape)
+                        : PyTuple_Pack(2, (PyObject *)PyArray_DESCR(arr), shape);
+    Py_DECREF(shape);
+    return out;
+}
+
 /* send(h, key, array, forms): the send of a C-contiguous ndarray whose
  * (dtype, shape) forms knows (-> (dtype code, shape and strides as int64
  * bytes, nbytes), filled by the Python layer), without waiting for room.
@@ -311,19 +333,7 @@ static PyObject *send(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     PyArrayObject *arr = (PyArrayObject *)args[2];
     int nd = PyArray_NDIM(arr);
-    PyObject *shape = PyTuple_New(nd);
-    if (!shape)
-        return NULL;
-    for (int i = 0; i < nd; i++) {
-        PyObject *dim = PyLong_FromSsize_t(PyArray_DIMS(arr)[i]);
-        if (!dim) {
-            Py_DECREF(shape);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(shape, i, dim);
-    }
-    PyObject *form_key = PyTuple_Pack(2, (PyObject *)PyArray_DESCR(arr), shape);
-    Py_DECREF(shape);
+    PyObject *form_key = cache_key(NULL, arr);
     if (!form_key)
         return NULL;
     PyObject *form = PyDict_GetItemWithError(args[3], form_key); /* borrowed */
@@ -414,19 +424,7 @@ static PyObject *send_many(PyObject *module, PyObject *const *args, Py_ssize_t n
             goto decline;
         PyArrayObject *arr = (PyArrayObject *)a;
         int nd = PyArray_NDIM(arr);
-        PyObject *shape = PyTuple_New(nd);
-        if (!shape)
-            goto done;
-        for (int d = 0; d < nd; d++) {
-            PyObject *dim = PyLong_FromSsize_t(PyArray_DIMS(arr)[d]);
-            if (!dim) {
-                Py_DECREF(shape);
-                goto done;
-            }
-            PyTuple_SET_ITEM(shape, d, dim);
-        }
-        PyObject *kind_key = PyTuple_Pack(3, key, (PyObject *)PyArray_DESCR(arr), shape);
-        Py_DECREF(shape);
+        PyObject *kind_key = cache_key(key, arr);
         if (!kind_key)
             goto done;
         PyObject *kind = PyDict_GetItemWithError(kinds, kind_key); /* borrowed, then held */
