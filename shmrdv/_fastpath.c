@@ -130,6 +130,17 @@ static int ready(void) {
     return 0;
 }
 
+/* A call the module can serve, with its number of arguments: else 0 with an exception. */
+static int entered(Py_ssize_t nargs, Py_ssize_t want, const char *usage) {
+    if (!ready())
+        return 0;
+    if (nargs != want) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return 0;
+    }
+    return 1;
+}
+
 static int as_pointer(PyObject *o, void **out) {
     *out = PyLong_AsVoidPtr(o);
     return *out || !PyErr_Occurred();
@@ -140,12 +151,8 @@ static int as_pointer(PyObject *o, void **out) {
 static PyObject *view(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     void *h, *info;
-    if (!ready())
+    if (!entered(nargs, 5, "view(h, info, dtype, shape, writable)"))
         return NULL;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "view(h, info, dtype, shape, writable)");
-        return NULL;
-    }
     if (!as_pointer(args[0], &h) || !as_pointer(args[1], &info))
         return NULL;
     int writable = PyObject_IsTrue(args[4]);
@@ -200,12 +207,8 @@ static PyObject *recv(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     void *h, *info_p, *waiter_p;
     char *key;
     Py_ssize_t key_len;
-    if (!ready())
+    if (!entered(nargs, 8, "recv(h, key, timeout_ns, flags, writable, info, waiter, descs)"))
         return NULL;
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "recv(h, key, timeout_ns, flags, writable, info, waiter, descs)");
-        return NULL;
-    }
     if (!as_pointer(args[0], &h) || PyBytes_AsStringAndSize(args[1], &key, &key_len) < 0 ||
         !as_pointer(args[5], &info_p) || !as_pointer(args[6], &waiter_p))
         return NULL;
@@ -245,12 +248,8 @@ static PyObject *recv(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *views(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     void *h, *infos_p;
-    if (!ready())
+    if (!entered(nargs, 6, "views(h, infos, n, writable, descs, made)"))
         return NULL;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "views(h, infos, n, writable, descs, made)");
-        return NULL;
-    }
     if (!as_pointer(args[0], &h) || !as_pointer(args[1], &infos_p))
         return NULL;
     Py_ssize_t n = PyLong_AsSsize_t(args[2]);
@@ -320,12 +319,8 @@ static PyObject *send(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     void *h;
     char *key;
     Py_ssize_t key_len;
-    if (!ready())
+    if (!entered(nargs, 4, "send(h, key, array, forms)"))
         return NULL;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "send(h, key, array, forms)");
-        return NULL;
-    }
     if (!as_pointer(args[0], &h) || PyBytes_AsStringAndSize(args[1], &key, &key_len) < 0)
         return NULL;
     if (!PyArray_CheckExact(args[2]) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)args[2]) ||
@@ -388,12 +383,8 @@ static PyObject *send(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *send_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     void *h;
-    if (!ready())
+    if (!entered(nargs, 3, "send_many(h, batch, kinds)"))
         return NULL;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "send_many(h, batch, kinds)");
-        return NULL;
-    }
     if (!as_pointer(args[0], &h))
         return NULL;
     PyObject *batch = args[1], *kinds = args[2];
