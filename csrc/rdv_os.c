@@ -115,7 +115,8 @@ int64_t rdv_file_size(int fd) {
 
 /* A mapping that asks for huge pages: the advice must come before any page
  * is faulted in (so no MAP_POPULATE), then the pages are populated as below,
- * best effort. A kernel without transparent huge pages refuses the advice. */
+ * best effort (always: faulting them in as advised is what makes them huge).
+ * A kernel without transparent huge pages refuses the advice. */
 static void *map_huge(int fd, size_t len, unsigned how, int *err) {
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
@@ -127,15 +128,14 @@ static void *map_huge(int fd, size_t len, unsigned how, int *err) {
         munmap(p, len);
         return NULL;
     }
-    if (!(how & RDV_MAP_NO_PREFAULT))
-        (void)madvise(p, len, how & RDV_MAP_FRESH ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+    (void)madvise(p, len, how & RDV_MAP_FRESH ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
     return p;
 }
 
 void *rdv_map(int fd, size_t len, unsigned how, int *err) {
     if (how & RDV_MAP_HUGE)
         return map_huge(fd, len, how, err);
-    int fresh = (how & RDV_MAP_FRESH) != 0, lazy = (how & RDV_MAP_NO_PREFAULT) != 0;
+    int fresh = (how & RDV_MAP_FRESH) != 0, no_prefault = (how & RDV_MAP_NO_PREFAULT) != 0;
     /* Which way of faulting every page in is fastest depends on the pages
      * (measured on 1-4 GiB, benchmarks/test_bench_open.py): pages just
      * reserved and never touched fault one at a time, and MADV_POPULATE_WRITE
@@ -144,13 +144,13 @@ void *rdv_map(int fd, size_t len, unsigned how, int *err) {
      * faster than write faults. Best effort, as MAP_POPULATE is: the pages
      * are reserved (rdv_file_reserve), so a populate that fails only defers
      * faults. A kernel without MADV_POPULATE_WRITE (EINVAL) gets MAP_POPULATE. */
-    int flags = MAP_SHARED | (fresh || lazy ? 0 : MAP_POPULATE);
+    int flags = MAP_SHARED | (fresh || no_prefault ? 0 : MAP_POPULATE);
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, flags, fd, 0);
     if (p == MAP_FAILED) {
         *err = -errno;
         return NULL;
     }
-    if (fresh && !lazy && madvise(p, len, MADV_POPULATE_WRITE) < 0 && errno == EINVAL) {
+    if (fresh && !no_prefault && madvise(p, len, MADV_POPULATE_WRITE) < 0 && errno == EINVAL) {
         munmap(p, len);
         p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         if (p == MAP_FAILED) {

@@ -40,9 +40,10 @@ int64_t rdv_file_size(int fd);
  * (creation), which changes how pages are best faulted in;
  * RDV_MAP_HUGE: advise transparent huge pages (MADV_HUGEPAGE) before any
  * page is faulted in (whether they are huge is up to the kernel and mount);
- * RDV_MAP_NO_PREFAULT: fault nothing in now. Without it every page is faulted in
- * now (best effort): a first touch of a shared page costs ~8x a copy into
- * it, so a mapping that will touch all of it pays once, up front.
+ * RDV_MAP_NO_PREFAULT (not with RDV_MAP_HUGE): fault nothing in now.
+ * Without it every page is faulted in now (best effort): a first touch of a
+ * shared page costs ~8x a copy into it, so a mapping that will touch all of
+ * it pays once, up front.
  * NULL on failure with *err = -errno. */
 #define RDV_MAP_FRESH 1u
 #define RDV_MAP_HUGE 2u

@@ -94,9 +94,12 @@ static void unwatch_range(rdv_t *h) {
 
 /* Every RDV_CREATE_* flag: a segment with others was made by a newer build. */
 #define KNOWN_FLAGS ((uint32_t)(RDV_CREATE_HUGE_PAGES | RDV_CREATE_NO_PREFAULT))
+
 /* Huge pages are made by faulting them in as advised (tmpfs huge=advise):
  * a segment cannot have them and leave its pages to their first touch. */
-#define BOTH_PAGE_FLAGS ((uint32_t)(RDV_CREATE_HUGE_PAGES | RDV_CREATE_NO_PREFAULT))
+static int both_page_flags(uint32_t flags) {
+    return (flags & RDV_CREATE_HUGE_PAGES) && (flags & RDV_CREATE_NO_PREFAULT);
+}
 
 static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
     int err = 0;
@@ -208,7 +211,7 @@ static int validate_state(rdv_t *h) {
 
 int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, uint32_t flags, rdv_t **out) {
     if (arena_size == 0 || arena_size > RDV_MAX_ARENA || max_keys == 0 || max_keys > RDV_MAX_KEYS ||
-        (flags & ~KNOWN_FLAGS) || (flags & BOTH_PAGE_FLAGS) == BOTH_PAGE_FLAGS)
+        (flags & ~KNOWN_FLAGS) || both_page_flags(flags))
         return -EINVAL;
     uint64_t slots = 64;
     while (slots < 2 * max_keys) /* load factor at most 1/2 */
@@ -279,7 +282,7 @@ static int validate(const struct rdv_header *khdr, uint64_t file_size, int creat
         return -EBADMSG;
     if (khdr->seg_flags & ~KNOWN_FLAGS)
         return -EPROTONOSUPPORT; /* made with options this build does not know */
-    if ((khdr->seg_flags & BOTH_PAGE_FLAGS) == BOTH_PAGE_FLAGS)
+    if (both_page_flags(khdr->seg_flags))
         return -EBADMSG;
     plan(l, arena, slots);
     l->flags = khdr->seg_flags; /* a constant: attachers map it as its creator did */

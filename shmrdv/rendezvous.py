@@ -634,8 +634,7 @@ class Rendezvous:
         raise SegmentMismatch(
             f"rendezvous {self._name!r} already exists with {has}, not the {asked} asked for (size, "
             f"max_keys, huge_pages and prefault only apply when creating it): attach without them, or with {has}; or "
-            f"remove it "
-            f"first (shmrdv rm {self._name}) to create it anew with {asked}")
+            f"remove it first (shmrdv rm {self._name}) to create it anew with {asked}")
 
     # ---- lifecycle ---------------------------------------------------------
 
