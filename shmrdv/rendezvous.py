@@ -474,7 +474,7 @@ if hasattr(os, "register_at_fork"):
 # The bridge layer's router for Rendezvous(routes=...): a callable (routes,
 # token, tls_ca) -> router, installed by the package (shmrdv/__init__.py) so
 # that this module never imports the bridge. A router has table, token,
-# tls_ca, url_for(key), announce(rdv), send(rdv, url, key, array, timeout)
+# tls_ca, url_for(key), announce(rdv), tell_abort(reason), send(rdv, url, key, array, timeout)
 # and alloc(rdv, url, key, dtype, shape, timeout, tensor) (tensor: the
 # buffer is a torch tensor).
 _router_factory: Optional[Callable[..., Any]] = None
@@ -1327,7 +1327,10 @@ class Rendezvous:
         queued messages are freed. Views already received stay valid. The
         first reason given wins. Permanent: the segment stays aborted until it
         is removed (``shmrdv rm NAME``, ``unlink``). ``reason`` is at most
-        1024 bytes of UTF-8 (``InvalidArgument`` otherwise)."""
+        1024 bytes of UTF-8 (``InvalidArgument`` otherwise). With ``routes``,
+        each route's bridge is also told directly (waiting at most 2 s to
+        reach each), so the abort crosses even if this host's bridge is down
+        or has not linked to it yet."""
         if not isinstance(reason, str):
             raise InvalidType(f"reason must be a str, not {type(reason).__name__}")
         rb = reason.encode("utf-8")
@@ -1337,6 +1340,8 @@ class Rendezvous:
         rc = lib.rdv_abort(self._handle(), rb, len(rb))
         if rc < 0:
             raise_rc(rc, "abort")
+        if self._routes is not None:
+            self._routes.tell_abort(reason)
 
     def stats(self) -> Stats:
         """A snapshot of queued messages, keys, waiters and arena use."""

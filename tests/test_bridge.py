@@ -228,6 +228,38 @@ def test_abort_crosses_both_ways(tmp_path):
             h.close()
 
 
+def test_abort_crosses_with_this_hosts_bridge_down(tmp_path):
+    """The aborting process tells its routes' bridges itself: here no bridge
+    on its host reads the announcement, and the abort still reaches B."""
+    h = Hosts(tmp_path)
+    try:
+        h.bridges[0].stop()
+        waiter = h.b.recv_async("never-sent")
+        h.a.abort("host A gave up")
+        with pytest.raises(shmrdv.Aborted, match="host A gave up"):
+            waiter.result(timeout=30)
+    finally:
+        h.close()
+
+
+def test_abort_with_an_unreachable_route_still_aborts_here():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nobody listens there
+    name = _new_name()
+    rdv = shmrdv.Rendezvous(name, size=MiB, create=True, routes={"/job:b": f"tcp://127.0.0.1:{port}"}, token=TOKEN)
+    try:
+        rdv.abort("nobody to tell")
+        assert rdv.stats().aborted
+        with pytest.raises(shmrdv.Aborted, match="nobody to tell"):
+            rdv.recv("x", timeout=1)
+    finally:
+        rdv.close()
+        _remove_segment(name)
+
+
 def test_messages_wait_in_the_outbox_until_the_bridge_comes(tmp_path):
     """No bridge on the sending host yet: the message is queued there, and is
     delivered once a bridge starts."""

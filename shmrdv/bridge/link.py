@@ -33,6 +33,7 @@ log = logging.getLogger("shmrdv.bridge")
 
 _DIRECT_MAX = 64 << 10  # messages the dispatcher may write itself when the link is idle
 _ABORT_WAIT_S = 5.0  # how long an abort waits for the link's socket before using one of its own
+_ABORT_CONNECT_S = 2.0  # how long an abort on a connection of its own waits to reach the bridge
 _STABLE_S = 1.0  # a connection that lasted less than this does not reset the backoff
 _RETRY_INITIAL_S = 0.01  # backoff of a message the remote turned away (ACK RETRY) ...
 _RETRY_MAX_S = 0.5  # ... doubling up to this
@@ -95,6 +96,21 @@ def open_socket(url: str, token: bytes, role: Role, origin: int, first_seq: int,
     except BaseException:
         sock.close()
         raise
+
+
+def tell_abort(url: str, token: bytes, tls_ca: Optional[str], frame: bytes) -> bool:
+    """Send an abort frame to the bridge at url on a connection of its own,
+    waiting at most _ABORT_CONNECT_S to reach it; False (and a warning) if it
+    could not be told."""
+    try:
+        s, *_ = open_socket(url, token, Role.LINK, new_origin(), 1, LinkSettings(connect_timeout=_ABORT_CONNECT_S), tls_ca)
+        with s:
+            s.settimeout(_ABORT_CONNECT_S)  # one small frame: the kernel takes it at once unless the peer is stuck
+            protocol.send_all(s, [frame])
+        return True
+    except (OSError, ConnectionLost, ProtocolError, protocol.AuthenticationError) as exc:
+        log.warning("could not tell %s about the abort: %s", url, exc)
+        return False
 
 
 class Outgoing:
@@ -264,13 +280,7 @@ class Link:
                 with self._cond:
                     self._writer_busy = False
                     self._cond.notify_all()
-        try:
-            quick = LinkSettings(connect_timeout=2.0)
-            s, *_ = open_socket(self.url, self._token, Role.LINK, new_origin(), 1, quick, self._ca)
-            with s:
-                protocol.send_all(s, [frame])
-        except (ConnectionLost, ProtocolError, protocol.AuthenticationError) as exc:
-            log.warning("could not tell %s about the abort: %s", self.url, exc)
+        tell_abort(self.url, self._token, self._ca, frame)
 
     # ---- the link thread -------------------------------------------------------
 

@@ -93,6 +93,17 @@ class Routes:
             except RendezvousError:
                 pass
 
+    def tell_abort(self, reason: str) -> None:
+        """Tell every route's bridge of this rendezvous's abort directly: this
+        host's bridge may not have read the announcements yet when the abort
+        frees them, and then it would not know whom to tell."""
+        from .link import tell_abort  # sockets and TLS only for a process that aborts
+        from .protocol import abort
+
+        frame = abort(reason)
+        for url in sorted(set(self._routes.values())):
+            tell_abort(url, self._token, self.tls_ca, frame)
+
     def alloc(self, rdv: Any, url: bytes, key: str, dtype: np.dtype, shape: Tuple[int, ...], timeout: Optional[float],
               tensor: bool = False) -> "RemoteAllocation":
         """``alloc`` of a routed key: an outbox envelope for this host's bridge
