@@ -32,10 +32,11 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
     if (nbytes > h->cap || meta + nbytes > h->cap)
         return -EMSGSIZE;
 
-    struct rdv_deadline d;
-    rdv_deadline_init(&d, timeout_ns);
+    /* The clock is read only once there is no room: a send that finds room
+     * at once (nearly all of them) makes no clock call. */
+    struct rdv_deadline d = {.forever = 1, .at_ns = 0};
     struct rdv_header *khdr = h->khdr;
-    int64_t next_reclaim_ns = rdv_now_ns() + RDV_RECLAIM_EVERY_NS;
+    int64_t next_reclaim_ns = INT64_MAX;
     for (;;) {
         if (rdv_is_aborted(h))
             return -ECONNABORTED;
@@ -50,6 +51,10 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
             return rc;
         if (timeout_ns == 0)
             return -ETIMEDOUT;
+        if (next_reclaim_ns == INT64_MAX) { /* the first attempt failed: the wait starts now */
+            rdv_deadline_init(&d, timeout_ns);
+            next_reclaim_ns = rdv_now_ns() + RDV_RECLAIM_EVERY_NS;
+        }
         /* -ETIMEDOUT only once the deadline has passed and one more attempt
          * after the last wait has failed */
         rc = rdv_wait_change(h, &khdr->arena.space_seq, &khdr->arena.space_sleepers, seen, &d);
@@ -616,12 +621,13 @@ int rdv_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
 
 static int do_send_many(rdv_t *h, const struct rdv_send_item *const *items, const void *const *srcs,
                         uint32_t n, int64_t timeout_ns, uint32_t *sent) {
-    struct rdv_deadline d;
-    rdv_deadline_init(&d, timeout_ns);
+    struct rdv_deadline d = {.forever = 0, .at_ns = 0};
+    if (timeout_ns != 0)
+        rdv_deadline_init(&d, timeout_ns);
     for (uint32_t i = 0; i < n; i++) {
         const struct rdv_send_item *it = items[i];
-        int64_t left = -1;
-        if (!d.forever && rdv_deadline_left(&d, &left) < 0)
+        int64_t left = timeout_ns == 0 ? 0 : -1; /* no clock call for a batch that does not wait */
+        if (!d.forever && timeout_ns != 0 && rdv_deadline_left(&d, &left) < 0)
             left = 0; /* past the deadline: one try without waiting */
         int rc = do_send(h, it->key, it->key_len, it->dtype, it->dtype_len, it->ndim, it->shape,
                          it->strides, srcs[i], it->nbytes, left);
