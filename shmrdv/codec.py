@@ -13,6 +13,7 @@ from .tensors import BF16_MISSING, as_array, bfloat16, is_bfloat16, is_tensor
 
 _DTYPE_KINDS = "biufcmMSU"  # plain, fixed-size, non-object dtypes
 _NS = 1_000_000_000
+_FINITE_S = FOREVER_NS / _NS  # float timeouts below this are finite waits
 _MAX_CACHED = 4096
 _key_cache: Dict[str, bytes] = {}
 
@@ -38,6 +39,8 @@ def key_bytes(key: object) -> bytes:
 
 def timeout_ns(timeout: object) -> int:
     """-1 for forever, else nanoseconds."""
+    if type(timeout) is float and 0.0 <= timeout < _FINITE_S:  # the common case first: it is on every timed call
+        return int(timeout * _NS)
     if timeout is None:
         return -1
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):

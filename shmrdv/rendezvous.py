@@ -334,6 +334,19 @@ def _thread_scratch() -> Tuple[Any, Any, Any, int, int]:
     return scratch  # type: ignore[no-any-return]
 
 
+# The slow paths' calls of send and recv, made here: a lambda inside the hot
+# method would make its variables cells, paid for on every call.
+def _sending(h: Any, kb: bytes, form: Any, src: Any) -> Callable[[int], int]:
+    """rdv_send of this message, waiting up to ns."""
+    return lambda ns: lib.rdv_send(h, kb, len(kb), form.code, form.code_len, form.ndim, form.dims, form.strides, src,
+                                   form.nbytes, ns)
+
+
+def _receiving(h: Any, kb: bytes, flags: int, waiter: Any, info: Any) -> Callable[[int], int]:
+    """rdv_recv_start of this key, waiting up to ns."""
+    return lambda ns: lib.rdv_recv_start(h, kb, len(kb), ns, flags, waiter, info)
+
+
 def _any_keys(keys: Any) -> Tuple[List[str], bytes, Any]:
     """Check the keys of a recv_any: (names, their bytes concatenated, lengths)."""
     if isinstance(keys, (str, bytes)) or not hasattr(keys, "__iter__"):
@@ -923,8 +936,7 @@ class Rendezvous:
                               form.nbytes, step)
             if rc < 0:
                 if _keep_waiting(rc, step, t):
-                    rc = _blocking(lambda ns: lib.rdv_send(h, kb, len(kb), form.code, form.code_len, form.ndim,
-                                                           form.dims, form.strides, src, form.nbytes, ns), _left(t, step))
+                    rc = _blocking(_sending(h, kb, form, src), _left(t, step))
                 if rc < 0:
                     self._fail(rc, f"send {key!r}", partial(self._explain_space, f"send {key!r}", len(kb), form.ndim,
                                                             form.nbytes, timeout))
@@ -1091,7 +1103,7 @@ class Rendezvous:
                         return rc
                     rc = 0  # taken, into info: its view is made below
             if rc < 0 and (waiter[0] or (rc in _RETRY and step != t)):  # keep our place in line
-                rc = self._in_line(lambda ns: lib.rdv_recv_start(h, kb, len(kb), ns, flags, waiter, info), h, waiter,
+                rc = self._in_line(_receiving(h, kb, flags, waiter, info), h, waiter,
                                    t, flags, ffi.NULL, info, step)
             if rc == 0:
                 return self._view(info, writable, as_torch, info_bytes)
