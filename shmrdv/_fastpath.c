@@ -17,8 +17,10 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "shmrdv.h"
 
@@ -165,29 +167,50 @@ static PyObject *view(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * the Python layer) says info's descriptor is: *parsed a new reference, or
  * NULL if it does not know it or its length disagrees with info's (the
  * Python layer then says what is wrong). -1 with an exception on error. */
+/* The descriptor looked up last, the descs it was looked up in and what
+ * that said of it (all held): a stream of one kind of message then skips
+ * making the key and hashing it. A descriptor always means the same
+ * (dtype, shape), so this stays right while descs is cleared; another descs
+ * dict starts afresh. Guarded by the GIL. */
+static PyObject *last_descs, *last_desc, *last_found;
+
 static int known(const struct rdv_msg_info *info, PyObject *descs, PyObject **parsed) {
     *parsed = NULL;
     if (info->ndim > RDV_NDIM_MAX)
         return 0;
     /* The descriptor's bytes, from ndim to the end of the dims: the cache key. */
-    PyObject *desc = PyBytes_FromStringAndSize((const char *)&info->ndim,
-                                               (Py_ssize_t)(offsetof(struct rdv_msg_info, dims) -
-                                                            offsetof(struct rdv_msg_info, ndim) + 16 * info->ndim));
-    if (!desc)
-        return -1;
-    PyObject *found = PyDict_GetItemWithError(descs, desc); /* borrowed */
-    Py_DECREF(desc);
-    if (!found)
-        return PyErr_Occurred() ? -1 : 0;
-    if (!PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 3) {
-        PyErr_SetString(PyExc_TypeError, "descs values must be (dtype, shape, nbytes)");
-        return -1;
+    const char *raw = (const char *)&info->ndim;
+    Py_ssize_t raw_len = (Py_ssize_t)(offsetof(struct rdv_msg_info, dims) - offsetof(struct rdv_msg_info, ndim) +
+                                      16 * info->ndim);
+    PyObject *found;
+    if (last_descs == descs && PyBytes_GET_SIZE(last_desc) == raw_len &&
+        memcmp(PyBytes_AS_STRING(last_desc), raw, raw_len) == 0) {
+        found = last_found;
+    } else {
+        PyObject *desc = PyBytes_FromStringAndSize(raw, raw_len);
+        if (!desc)
+            return -1;
+        found = PyDict_GetItemWithError(descs, desc); /* borrowed */
+        if (!found) {
+            Py_DECREF(desc);
+            return PyErr_Occurred() ? -1 : 0;
+        }
+        if (!PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 3) {
+            Py_DECREF(desc);
+            PyErr_SetString(PyExc_TypeError, "descs values must be (dtype, shape, nbytes)");
+            return -1;
+        }
+        Py_INCREF(found);
+        Py_INCREF(descs);
+        Py_XSETREF(last_desc, desc);
+        Py_XSETREF(last_found, found);
+        Py_XSETREF(last_descs, descs);
     }
     unsigned long long nbytes = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(found, 2));
     if (PyErr_Occurred())
         return -1;
     if (nbytes == info->nbytes) {
-        Py_INCREF(found); /* ours while a view is made, whatever the cache does meanwhile */
+        Py_INCREF(found); /* ours while a view is made, whatever the caches do meanwhile */
         *parsed = found;
     }
     return 0;
@@ -222,10 +245,15 @@ static PyObject *recv(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     struct rdv_msg_info *info = info_p;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = core_recv_start(h, key, (uint32_t)key_len, timeout_ns, (uint32_t)flags, waiter_p, info);
-    Py_END_ALLOW_THREADS
+    /* A message already queued is taken with the GIL held (releasing and
+     * taking it back costs more than the take); only a receive that has to
+     * wait releases it, and looks again. */
+    int rc = core_recv_start(h, key, (uint32_t)key_len, 0, (uint32_t)flags, waiter_p, info);
+    if (rc == -EAGAIN && timeout_ns != 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = core_recv_start(h, key, (uint32_t)key_len, timeout_ns, (uint32_t)flags, waiter_p, info);
+        Py_END_ALLOW_THREADS
+    }
     if (rc != 0)
         return PyLong_FromLong(rc);
     if (PyErr_CheckSignals() < 0)
