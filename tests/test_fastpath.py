@@ -112,6 +112,28 @@ def test_recv_that_waits_and_times_out(rdv):
     assert np.array_equal(got, a)
 
 
+def test_interleaved_forms_of_one_size_get_their_own_views(rdv, monkeypatch):
+    """recv keeps the descriptor it looked up last: messages of the same byte
+    count but another dtype or shape, interleaved, each get theirs; a new
+    descriptor cache starts afresh (the Python path parses again)."""
+    forms = [np.arange(16, dtype=np.float32).reshape(4, 4), np.arange(16, dtype=np.float32).reshape(2, 8),
+             np.arange(16, dtype=np.int32), np.arange(8, dtype=np.float64)]
+    for repeat in (1, 2, 1):  # each form once in turn, then each twice in a row
+        for a in forms:
+            for _ in range(repeat):
+                rdv.send("k", a)
+        for a in forms:
+            for _ in range(repeat):
+                v = rdv.recv("k", timeout=5)
+                assert v.dtype == a.dtype and v.shape == a.shape and np.array_equal(v, a)
+    fresh = {}
+    monkeypatch.setattr(rendezvous, "_descs", fresh)
+    rdv.send("k", forms[0])
+    assert np.array_equal(rdv.recv("k", timeout=5), forms[0])
+    assert len(fresh) == 1  # parsed in Python again, not served from the kept one
+    assert rdv.stats().pending_messages == 0
+
+
 class Interrupted(Exception):
     pass
 
