@@ -1340,9 +1340,9 @@ class Rendezvous:
         first reason given wins. Permanent: the segment stays aborted until it
         is removed (``shmrdv rm NAME``, ``unlink``). ``reason`` is at most
         1024 bytes of UTF-8 (``InvalidArgument`` otherwise). With ``routes``,
-        each route's bridge is also told directly (waiting at most 2 s to
-        reach each), so the abort crosses even if this host's bridge is down
-        or has not linked to it yet."""
+        each route's bridge is also told directly (all at once, waiting at
+        most 2 s in all), so the abort crosses even if this host's bridge is
+        down or has not linked to it yet."""
         if not isinstance(reason, str):
             raise InvalidType(f"reason must be a str, not {type(reason).__name__}")
         rb = reason.encode("utf-8")
@@ -1353,7 +1353,7 @@ class Rendezvous:
         if rc < 0:
             raise_rc(rc, "abort")
         if self._routes is not None:
-            self._routes.tell_abort(reason)
+            self._routes.tell_abort(self._abort_reason())  # the reason that won, if another came first
 
     def stats(self) -> Stats:
         """A snapshot of queued messages, keys, waiters and arena use."""

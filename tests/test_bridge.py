@@ -242,22 +242,48 @@ def test_abort_crosses_with_this_hosts_bridge_down(tmp_path):
         h.close()
 
 
-def test_abort_with_an_unreachable_route_still_aborts_here():
+def test_the_bridges_are_told_the_reason_that_won(tmp_path):
+    h = Hosts(tmp_path)
+    try:
+        h.bridges[0].stop()
+        waiter = h.b.recv_async("never-sent")
+        with shmrdv.Rendezvous(h.names[0]) as plain:  # no routes: tells nobody itself
+            plain.abort("the first reason")
+        h.a.abort("a later one")
+        with pytest.raises(shmrdv.Aborted, match="the first reason"):
+            waiter.result(timeout=30)
+    finally:
+        h.close()
+
+
+@pytest.mark.timeout(20)  # told one after another, the silent ones would take 2 s each per step
+def test_abort_with_unreachable_and_silent_routes_still_aborts_here():
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nobody listens there
+        closed = s.getsockname()[1]  # closed again: nobody listens there
+    silent = []
+    for _ in range(4):  # they accept, and never say HELLO
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(4)
+        silent.append(s)
+    routes = {"/job:b": f"tcp://127.0.0.1:{closed}"}
+    routes.update({f"/job:s{i}": f"tcp://127.0.0.1:{s.getsockname()[1]}" for i, s in enumerate(silent)})
     name = _new_name()
-    rdv = shmrdv.Rendezvous(name, size=MiB, create=True, routes={"/job:b": f"tcp://127.0.0.1:{port}"}, token=TOKEN)
+    rdv = shmrdv.Rendezvous(name, size=MiB, create=True, routes=routes, token=TOKEN)
     try:
-        rdv.abort("nobody to tell")
+        for _ in range(2):  # a repeated abort tells them again, just as boundedly
+            rdv.abort("nobody to tell")
         assert rdv.stats().aborted
         with pytest.raises(shmrdv.Aborted, match="nobody to tell"):
             rdv.recv("x", timeout=1)
     finally:
         rdv.close()
         _remove_segment(name)
+        for s in silent:
+            s.close()
 
 
 def test_messages_wait_in_the_outbox_until_the_bridge_comes(tmp_path):

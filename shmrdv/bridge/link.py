@@ -100,17 +100,33 @@ def open_socket(url: str, token: bytes, role: Role, origin: int, first_seq: int,
 
 def tell_abort(url: str, token: bytes, tls_ca: Optional[str], frame: bytes) -> bool:
     """Send an abort frame to the bridge at url on a connection of its own,
-    waiting at most _ABORT_CONNECT_S to reach it; False (and a warning) if it
-    could not be told."""
+    each step (connect, handshake, send) waiting at most _ABORT_CONNECT_S;
+    False (and a warning) if it could not be told. Never raises: whatever
+    the peer answers, the abort has already happened here."""
     try:
         s, *_ = open_socket(url, token, Role.LINK, new_origin(), 1, LinkSettings(connect_timeout=_ABORT_CONNECT_S), tls_ca)
         with s:
             s.settimeout(_ABORT_CONNECT_S)  # one small frame: the kernel takes it at once unless the peer is stuck
             protocol.send_all(s, [frame])
         return True
-    except (OSError, ConnectionLost, ProtocolError, protocol.AuthenticationError) as exc:
+    except Exception as exc:  # a refusal of any code, a TLS or network error: all only logged
         log.warning("could not tell %s about the abort: %s", url, exc)
         return False
+
+
+def tell_abort_all(targets: Sequence[Tuple[str, bytes, Optional[str]]], frame: bytes,
+                   within: float = _ABORT_CONNECT_S) -> None:
+    """tell_abort to every (url, token, tls_ca) at once, waiting at most
+    `within` seconds in all: a bridge slower than that (a dead host, a name
+    that does not resolve) is left to its thread, a daemon that gives up on
+    its own socket timeouts."""
+    threads = [threading.Thread(target=tell_abort, args=(*target, frame), name="shmrdv-abort", daemon=True)
+               for target in targets]
+    for thread in threads:
+        thread.start()
+    end = time.monotonic() + within
+    for thread in threads:
+        thread.join(max(0.0, end - time.monotonic()))
 
 
 class Outgoing:

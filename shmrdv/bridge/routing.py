@@ -6,6 +6,7 @@ bridge URL (``tcp://hostB:7700`` or ``tls://...``). A key whose parsed
 is remote; the longest matching prefix wins. Keys that do not parse as TF
 keys, and keys under no route, stay local.
 """
+import logging
 import math
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -20,6 +21,7 @@ from .auth import Token, normalize_token
 from .protocol import parse_url
 
 _MAX_CACHED = 4096
+log = logging.getLogger("shmrdv.bridge")
 
 
 class Routes:
@@ -97,12 +99,13 @@ class Routes:
         """Tell every route's bridge of this rendezvous's abort directly: this
         host's bridge may not have read the announcements yet when the abort
         frees them, and then it would not know whom to tell."""
-        from .link import tell_abort  # sockets and TLS only for a process that aborts
-        from .protocol import abort
+        try:
+            from .link import tell_abort_all  # sockets and TLS only for a process that aborts
+            from .protocol import abort
 
-        frame = abort(reason)
-        for url in sorted(set(self._routes.values())):
-            tell_abort(url, self._token, self.tls_ca, frame)
+            tell_abort_all([(url, self._token, self.tls_ca) for url in sorted(set(self._routes.values()))], abort(reason))
+        except Exception as exc:  # e.g. no new thread at interpreter shutdown: the local abort stands
+            log.warning("could not tell the routes' bridges about the abort: %s", exc)
 
     def alloc(self, rdv: Any, url: bytes, key: str, dtype: np.dtype, shape: Tuple[int, ...], timeout: Optional[float],
               tensor: bool = False) -> "RemoteAllocation":
