@@ -3,7 +3,6 @@
 The public header csrc/shmrdv.h doubles as the cdef.
 """
 import os
-import platform
 from pathlib import Path
 
 import cffi
@@ -15,10 +14,6 @@ _CSRC = _ROOT / "csrc"
 # then runs Python with the ASan runtime preloaded).
 SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"] if os.environ.get("SHMRDV_SANITIZE") else []
 
-# The core's thread-locals (lock bookkeeping) through TLS descriptors: in a
-# dlopen'ed module the default model calls __tls_get_addr on every access.
-TLS = ["-mtls-dialect=gnu2"] if platform.machine() in ("x86_64", "AMD64") else []
-
 ffibuilder = cffi.FFI()
 ffibuilder.cdef((_CSRC / "shmrdv.h").read_text())
 ffibuilder.set_source(
@@ -26,7 +21,7 @@ ffibuilder.set_source(
     "#include <stdint.h>\n#include \"shmrdv.h\"\n",
     sources=sorted(os.path.relpath(p, _ROOT) for p in _CSRC.glob("*.c")),
     include_dirs=[os.path.relpath(_CSRC, _ROOT)],
-    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *TLS, *SANITIZE],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SANITIZE],
     extra_link_args=SANITIZE,
 )
 
