@@ -199,11 +199,17 @@ static int known(const struct rdv_msg_info *info, PyObject *descs, PyObject **pa
             PyErr_SetString(PyExc_TypeError, "descs values must be (dtype, shape, nbytes)");
             return -1;
         }
+        /* all three replaced before the old ones are let go: whatever their
+         * release runs finds the cache whole */
+        PyObject *old_desc = last_desc, *old_found = last_found, *old_descs = last_descs;
         Py_INCREF(found);
         Py_INCREF(descs);
-        Py_XSETREF(last_desc, desc);
-        Py_XSETREF(last_found, found);
-        Py_XSETREF(last_descs, descs);
+        last_desc = desc;
+        last_found = found;
+        last_descs = descs;
+        Py_XDECREF(old_desc);
+        Py_XDECREF(old_found);
+        Py_XDECREF(old_descs);
     }
     unsigned long long nbytes = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(found, 2));
     if (PyErr_Occurred())
