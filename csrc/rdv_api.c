@@ -621,13 +621,12 @@ int rdv_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
 
 static int do_send_many(rdv_t *h, const struct rdv_send_item *const *items, const void *const *srcs,
                         uint32_t n, int64_t timeout_ns, uint32_t *sent) {
-    struct rdv_deadline d = {.forever = 0, .at_ns = 0};
-    if (timeout_ns != 0)
-        rdv_deadline_init(&d, timeout_ns);
+    struct rdv_deadline d;
+    rdv_deadline_init(&d, timeout_ns);
     for (uint32_t i = 0; i < n; i++) {
         const struct rdv_send_item *it = items[i];
-        int64_t left = timeout_ns == 0 ? 0 : -1; /* no clock call for a batch that does not wait */
-        if (!d.forever && timeout_ns != 0 && rdv_deadline_left(&d, &left) < 0)
+        int64_t left = -1;
+        if (!d.forever && rdv_deadline_left(&d, &left) < 0)
             left = 0; /* past the deadline: one try without waiting */
         int rc = do_send(h, it->key, it->key_len, it->dtype, it->dtype_len, it->ndim, it->shape,
                          it->strides, srcs[i], it->nbytes, left);

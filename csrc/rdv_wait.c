@@ -24,7 +24,9 @@
 
 void rdv_deadline_init(struct rdv_deadline *d, int64_t timeout_ns) {
     d->forever = timeout_ns < 0 || timeout_ns >= RDV_FOREVER_NS;
-    d->at_ns = d->forever ? 0 : rdv_now_ns() + timeout_ns;
+    /* A zero timeout has passed at once: at_ns 0 says so with no clock call
+     * (a reading plus a positive timeout is never 0). */
+    d->at_ns = d->forever || timeout_ns == 0 ? 0 : rdv_now_ns() + timeout_ns;
 }
 
 /* 0 with the time left (INT64_MAX when forever), or -ETIMEDOUT. */
@@ -32,6 +34,10 @@ int rdv_deadline_left(const struct rdv_deadline *d, int64_t *left_ns) {
     if (d->forever) {
         *left_ns = INT64_MAX;
         return 0;
+    }
+    if (d->at_ns == 0) { /* a zero timeout */
+        *left_ns = 0;
+        return -ETIMEDOUT;
     }
     int64_t left = d->at_ns - rdv_now_ns();
     *left_ns = left;

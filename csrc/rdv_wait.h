@@ -10,7 +10,7 @@
 
 struct rdv_deadline {
     int forever;
-    int64_t at_ns; /* CLOCK_MONOTONIC */
+    int64_t at_ns; /* CLOCK_MONOTONIC; 0 for a zero timeout, which reads no clock */
 };
 
 void rdv_deadline_init(struct rdv_deadline *d, int64_t timeout_ns);
