@@ -162,10 +162,6 @@ static PyObject *view(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return take_view(h, info, args[2], args[3], writable);
 }
 
-/* What descs (bytes of a descriptor -> (dtype, shape, nbytes), filled by
- * the Python layer) says info's descriptor is: *parsed a new reference, or
- * NULL if it does not know it or its length disagrees with info's (the
- * Python layer then says what is wrong). -1 with an exception on error. */
 /* The descriptor looked up last, the descs it was looked up in and what
  * that said of it (all held): a stream of one kind of message then skips
  * making the key and hashing it. A descriptor always means the same
@@ -173,6 +169,10 @@ static PyObject *view(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * dict starts afresh. Guarded by the GIL. */
 static PyObject *last_descs, *last_desc, *last_found;
 
+/* What descs (bytes of a descriptor -> (dtype, shape, nbytes), filled by
+ * the Python layer) says info's descriptor is: *parsed a new reference, or
+ * NULL if it does not know it or its length disagrees with info's (the
+ * Python layer then says what is wrong). -1 with an exception on error. */
 static int known(const struct rdv_msg_info *info, PyObject *descs, PyObject **parsed) {
     *parsed = NULL;
     if (info->ndim > RDV_NDIM_MAX)
