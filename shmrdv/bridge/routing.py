@@ -8,7 +8,7 @@ keys, and keys under no route, stay local.
 """
 import logging
 import math
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -83,10 +83,14 @@ class Routes:
     def envelope_head(self, url: bytes, kb: bytes, code: bytes, shape: Tuple[int, ...], nbytes: int) -> Tuple[bytes, int]:
         return outbox.head(url, self._token, self._ca, kb, code, shape, nbytes)
 
+    def _urls(self) -> List[str]:
+        """Each bridge the routes go to, once, in order."""
+        return sorted(set(self._routes.values()))
+
     def announce(self, rdv: Any) -> None:
         """Tell this host's bridge about every route (an empty envelope each),
         without waiting: with the arena full, the first send announces instead."""
-        for url in sorted(set(self._routes.values())):
+        for url in self._urls():
             head, off = self.envelope_head(url.encode("ascii"), outbox.ANNOUNCE_KEY, b"|u1", (0,), 0)
             try:
                 envelope = rdv.alloc(outbox.OUTBOX_KEY, (off,), np.uint8, timeout=0)
@@ -103,7 +107,7 @@ class Routes:
             from .link import tell_abort_all  # sockets and TLS only for a process that aborts
             from .protocol import abort
 
-            tell_abort_all([(url, self._token, self.tls_ca) for url in sorted(set(self._routes.values()))], abort(reason))
+            tell_abort_all([(url, self._token, self.tls_ca) for url in self._urls()], abort(reason))
         except Exception as exc:  # e.g. no new thread at interpreter shutdown: the local abort stands
             log.warning("could not tell the routes' bridges about the abort: %s", exc)
 
