@@ -34,7 +34,7 @@ from .errors import (
     SegmentMismatch,
 )
 from .rendezvous import check_owner, checked_name
-from .tensors import as_array, as_tensor, bfloat16
+from .tensors import as_array, as_tensor, bfloat16, is_tensor
 
 GROUP_PREFIX = "/shmrdv.group-"
 """A group NAME's segment is the POSIX shm object ``/shmrdv.group-NAME``, while it is joining."""
@@ -587,6 +587,12 @@ class Group:
                     self._interrupted(g, exc, what)
                     raise
                 return res
+        if out is array and is_tensor(array):
+            # a tensor in place (DDP's buckets): its own ndarray, in place,
+            # takes the fast path above from the second call on
+            view, _ = as_array(array, "allreduce: out", out=True)
+            self.allreduce(view, op, out=view)
+            return array
         return self._allreduce(g, array, op, out)
 
     def _allreduce(self, g: Any, array: Any, op: str, out: Any) -> Any:

@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 
 from ..group import Group
-from ..tensors import as_array
 from . import hosts
 
 _GLOO_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
@@ -71,10 +70,7 @@ class Local:
         self.group = group
 
     def allreduce(self, t: torch.Tensor, op: str) -> None:
-        # the tensor's own ndarray, in place: the Group's fast path for a
-        # call like the one before (DDP's buckets), without the tensor checks
-        array, _ = as_array(t, "allreduce", out=True)
-        self.group.allreduce(array, op, out=array)
+        self.group.allreduce(t, op, out=t)
 
     def broadcast(self, t: torch.Tensor, root: int) -> None:
         self.group.broadcast(t, root, out=t)
