@@ -341,6 +341,56 @@ static PyObject *cache_key(PyObject *key, PyArrayObject *arr) {
     return out;
 }
 
+/* The form looked up last, the forms dict it was found in, and the dtype
+ * (held) and dims it was found for: a stream of one kind of array then
+ * skips building the (dtype, shape) key, hashing it and parsing the form.
+ * A (dtype, shape) always has the same form, so this stays right while
+ * forms is cleared; another forms dict starts afresh. Guarded by the GIL. */
+static PyObject *last_forms, *last_form_descr, *last_form;
+static int last_form_nd = -1;
+static npy_intp last_form_dims[NPY_MAXDIMS];
+
+/* The form forms has for arr: *form borrowed (held by the cache above), or
+ * NULL if forms does not know it. -1 with an exception on error. */
+static int form_of(PyArrayObject *arr, PyObject *forms, PyObject **form) {
+    int nd = PyArray_NDIM(arr);
+    PyObject *descr = (PyObject *)PyArray_DESCR(arr);
+    if (last_forms == forms && last_form_descr == descr && last_form_nd == nd &&
+        memcmp(last_form_dims, PyArray_DIMS(arr), (size_t)nd * sizeof(npy_intp)) == 0) {
+        *form = last_form;
+        return 0;
+    }
+    *form = NULL;
+    PyObject *form_key = cache_key(NULL, arr);
+    if (!form_key)
+        return -1;
+    PyObject *found = PyDict_GetItemWithError(forms, form_key); /* borrowed */
+    Py_DECREF(form_key);
+    if (!found)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(found, 0)) ||
+        !PyBytes_CheckExact(PyTuple_GET_ITEM(found, 1)) || !PyLong_CheckExact(PyTuple_GET_ITEM(found, 2))) {
+        PyErr_SetString(PyExc_TypeError, "forms values must be (code bytes, dims bytes, nbytes)");
+        return -1;
+    }
+    /* all three replaced before the old ones are let go: whatever their
+     * release runs finds the cache whole */
+    PyObject *old_forms = last_forms, *old_descr = last_form_descr, *old_form = last_form;
+    Py_INCREF(forms);
+    Py_INCREF(descr);
+    Py_INCREF(found);
+    last_forms = forms;
+    last_form_descr = descr;
+    last_form = found;
+    last_form_nd = nd;
+    memcpy(last_form_dims, PyArray_DIMS(arr), (size_t)nd * sizeof(npy_intp));
+    Py_XDECREF(old_forms);
+    Py_XDECREF(old_descr);
+    Py_XDECREF(old_form);
+    *form = found;
+    return 0;
+}
+
 /* send(h, key, array, forms): the send of a C-contiguous ndarray whose
  * (dtype, shape) forms knows (-> (dtype code, shape and strides as int64
  * bytes, nbytes), filled by the Python layer), without waiting for room.
@@ -360,19 +410,14 @@ static PyObject *send(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     PyArrayObject *arr = (PyArrayObject *)args[2];
     int nd = PyArray_NDIM(arr);
-    PyObject *form_key = cache_key(NULL, arr);
-    if (!form_key)
+    PyObject *form;
+    if (form_of(arr, args[3], &form) < 0)
         return NULL;
-    PyObject *form = PyDict_GetItemWithError(args[3], form_key); /* borrowed */
-    Py_DECREF(form_key);
-    if (!form) {
-        if (PyErr_Occurred())
-            return NULL;
+    if (!form)
         Py_RETURN_NONE;
-    }
-    PyObject *code, *dims;
-    unsigned long long nbytes;
-    if (!PyArg_ParseTuple(form, "SSK", &code, &dims, &nbytes))
+    PyObject *code = PyTuple_GET_ITEM(form, 0), *dims = PyTuple_GET_ITEM(form, 1);
+    unsigned long long nbytes = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(form, 2));
+    if (nbytes == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
     if (PyBytes_GET_SIZE(dims) != 16 * (Py_ssize_t)nd || nbytes != (unsigned long long)PyArray_NBYTES(arr))
         Py_RETURN_NONE;

@@ -113,9 +113,10 @@ def test_recv_that_waits_and_times_out(rdv):
 
 
 def test_interleaved_forms_of_one_size_get_their_own_views(rdv, monkeypatch):
-    """recv keeps the descriptor it looked up last: messages of the same byte
-    count but another dtype or shape, interleaved, each get theirs; a new
-    descriptor cache starts afresh (the Python path parses again)."""
+    """send keeps the form it looked up last, and recv the descriptor: arrays
+    of the same byte count but another dtype or shape, interleaved, are each
+    sent and received as themselves; a new cache starts afresh (the Python
+    path builds the form, or parses the descriptor, again)."""
     forms = [np.arange(16, dtype=np.float32).reshape(4, 4), np.arange(16, dtype=np.float32).reshape(2, 8),
              np.arange(16, dtype=np.int32), np.arange(8, dtype=np.float64)]
     for repeat in (1, 2, 1):  # each form once in turn, then each twice in a row
@@ -131,6 +132,16 @@ def test_interleaved_forms_of_one_size_get_their_own_views(rdv, monkeypatch):
     rdv.send("k", forms[0])
     assert np.array_equal(rdv.recv("k", timeout=5), forms[0])
     assert len(fresh) == 1  # parsed in Python again, not served from the kept one
+    fresh_forms = {}
+    monkeypatch.setattr(rendezvous, "_fast_forms", fresh_forms)
+    monkeypatch.setattr(rendezvous, "_send_forms", {})
+    rdv.send("k", forms[0])  # the form sent last, but another forms dict: built in Python again
+    assert len(fresh_forms) == 1
+    rdv.send("k", forms[1])
+    assert len(fresh_forms) == 2
+    for a in forms[:2]:
+        v = rdv.recv("k", timeout=5)
+        assert v.shape == a.shape and np.array_equal(v, a)
     assert rdv.stats().pending_messages == 0
 
 
