@@ -39,8 +39,12 @@ def key_bytes(key: object) -> bytes:
 
 def timeout_ns(timeout: object) -> int:
     """-1 for forever, else nanoseconds."""
-    if type(timeout) is float and 0.0 <= timeout < _FINITE_S:  # the common case first: it is on every timed call
-        return int(timeout * _NS)
+    # the common cases first: one of them is on every timed call
+    if type(timeout) is float:
+        if 0.0 <= timeout < _FINITE_S:
+            return int(timeout * _NS)
+    elif type(timeout) is int and 0 <= timeout < _FINITE_S:
+        return timeout * _NS
     if timeout is None:
         return -1
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
