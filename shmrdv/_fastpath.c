@@ -221,6 +221,34 @@ static int known(const struct rdv_msg_info *info, PyObject *descs, PyObject **pa
     return 0;
 }
 
+/* The start of a receive (rdv_recv_start, the GIL released while it
+ * waits), then, when a message was taken and descs knows it, its view:
+ * what recv below returns. */
+static PyObject *start_and_view(void *h, const char *key, Py_ssize_t key_len, long long timeout_ns, uint32_t flags,
+                                int writable, void *info_p, void *waiter_p, PyObject *descs) {
+    struct rdv_msg_info *info = info_p;
+    /* One call, with the GIL released. A first look with it held saves the
+     * release for a message already queued, but a receive that then waits
+     * pays a second lookup and the empty key's removal and re-creation:
+     * measured, round trips got slower by more than streams gained. */
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = core_recv_start(h, key, (uint32_t)key_len, timeout_ns, flags, waiter_p, info);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return PyLong_FromLong(rc);
+    if (PyErr_CheckSignals() < 0)
+        return NULL;
+    PyObject *parsed;
+    if (known(info, descs, &parsed) < 0)
+        return NULL;
+    if (!parsed)
+        Py_RETURN_NONE;
+    PyObject *arr = take_view(h, info, PyTuple_GET_ITEM(parsed, 0), PyTuple_GET_ITEM(parsed, 1), writable);
+    Py_DECREF(parsed);
+    return arr;
+}
+
 /* recv(h, key, timeout_ns, flags, writable, info, waiter, descs): the
  * start of a receive (rdv_recv_start, the GIL released while it waits),
  * then, when a message was taken and descs (bytes of its descriptor ->
@@ -249,27 +277,95 @@ static PyObject *recv(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "descs must be a dict");
         return NULL;
     }
-    struct rdv_msg_info *info = info_p;
-    /* One call, with the GIL released. A first look with it held saves the
-     * release for a message already queued, but a receive that then waits
-     * pays a second lookup and the empty key's removal and re-creation:
-     * measured, round trips got slower by more than streams gained. */
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = core_recv_start(h, key, (uint32_t)key_len, timeout_ns, (uint32_t)flags, waiter_p, info);
-    Py_END_ALLOW_THREADS
-    if (rc != 0)
-        return PyLong_FromLong(rc);
-    if (PyErr_CheckSignals() < 0)
+    return start_and_view(h, key, key_len, timeout_ns, (uint32_t)flags, writable, info_p, waiter_p, args[7]);
+}
+
+/* The first slice of a receive's wait, in ns: how soon a signal handler
+ * (Ctrl-C) runs. The Python layer's slices start from it too (the module's
+ * FIRST_SLICE_NS). */
+#define FIRST_SLICE_NS 10000000LL
+/* Seconds below which a timeout is a finite wait (codec.timeout_ns). */
+#define FINITE_S ((double)RDV_FOREVER_NS / 1e9)
+
+/* A receive's first slice, in ns, for the timeout None or a float or an
+ * int of seconds that codec.timeout_ns takes as finite without a question;
+ * -2 for any other timeout (the Python layer checks it). */
+static long long first_slice(PyObject *timeout) {
+    double s;
+    if (timeout == Py_None)
+        return FIRST_SLICE_NS;
+    if (PyFloat_CheckExact(timeout)) {
+        s = PyFloat_AS_DOUBLE(timeout);
+    } else if (PyLong_CheckExact(timeout)) {
+        int overflow;
+        long long whole = PyLong_AsLongLongAndOverflow(timeout, &overflow);
+        if (overflow || whole < 0)
+            return -2;
+        s = (double)whole;
+    } else {
+        return -2;
+    }
+    if (!(s >= 0.0 && s < FINITE_S))
+        return -2;
+    long long ns = (long long)(s * 1e9);
+    return ns < FIRST_SLICE_NS ? ns : FIRST_SLICE_NS;
+}
+
+static PyObject *scratch_name; /* "scratch", interned once */
+
+/* recv_key(h, key, timeout, flags, writable, per_thread, keys, descs):
+ * recv's start as rendezvous.Rendezvous.recv makes it, from the str key
+ * and the timeout in seconds: keys (str -> key bytes) must know the key,
+ * per_thread.scratch must exist (rendezvous._thread_scratch) and the
+ * timeout be one first_slice takes; else None, having done nothing (the
+ * Python layer receives). Otherwise what recv returns, except that a
+ * message taken whose descriptor descs does not know returns 0 (it is in
+ * the scratch's info). */
+static PyObject *recv_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    void *h, *info_p, *waiter_p;
+    if (!entered(nargs, 8, "recv_key(h, key, timeout, flags, writable, per_thread, keys, descs)"))
         return NULL;
-    PyObject *parsed;
-    if (known(info, args[7], &parsed) < 0)
-        return NULL;
-    if (!parsed)
+    if (!PyUnicode_CheckExact(args[1]) || !PyDict_CheckExact(args[6]) || !PyDict_CheckExact(args[7]))
         Py_RETURN_NONE;
-    PyObject *arr = take_view(h, info, PyTuple_GET_ITEM(parsed, 0), PyTuple_GET_ITEM(parsed, 1), writable);
-    Py_DECREF(parsed);
-    return arr;
+    long long step = first_slice(args[2]);
+    if (step == -2)
+        Py_RETURN_NONE;
+    PyObject *kb = PyDict_GetItemWithError(args[6], args[1]); /* borrowed */
+    if (!kb) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    if (!PyBytes_CheckExact(kb))
+        Py_RETURN_NONE;
+    PyObject *scratch = PyObject_GetAttr(args[5], scratch_name);
+    if (!scratch) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (!PyTuple_CheckExact(scratch) || PyTuple_GET_SIZE(scratch) != 5) {
+        Py_DECREF(scratch);
+        Py_RETURN_NONE;
+    }
+    int ok = as_pointer(args[0], &h) && as_pointer(PyTuple_GET_ITEM(scratch, 3), &info_p) &&
+             as_pointer(PyTuple_GET_ITEM(scratch, 4), &waiter_p);
+    Py_DECREF(scratch); /* the thread's scratch stays alive: per_thread holds it */
+    unsigned long flags = PyLong_AsUnsignedLong(args[3]);
+    int writable = PyObject_IsTrue(args[4]);
+    if (!ok || PyErr_Occurred() || writable < 0)
+        return NULL;
+    Py_INCREF(kb); /* the key's bytes, while the GIL is released */
+    PyObject *got = start_and_view(h, PyBytes_AS_STRING(kb), PyBytes_GET_SIZE(kb), step, (uint32_t)flags, writable,
+                                   info_p, waiter_p, args[7]);
+    Py_DECREF(kb);
+    if (got == Py_None) {
+        Py_DECREF(got);
+        return PyLong_FromLong(0);
+    }
+    return got;
 }
 
 /* views(h, infos, n, writable, descs, made): the views of infos[0..n) (a
@@ -562,6 +658,8 @@ static PyMethodDef methods[] = {
     {"view", (PyCFunction)(void (*)(void))view, METH_FASTCALL, "view(h, info, dtype, shape, writable)"},
     {"recv", (PyCFunction)(void (*)(void))recv, METH_FASTCALL,
      "recv(h, key, timeout_ns, flags, writable, info, waiter, descs)"},
+    {"recv_key", (PyCFunction)(void (*)(void))recv_key, METH_FASTCALL,
+     "recv_key(h, key, timeout, flags, writable, per_thread, keys, descs)"},
     {"views", (PyCFunction)(void (*)(void))views, METH_FASTCALL, "views(h, infos, n, writable, descs, made)"},
     {"send", (PyCFunction)(void (*)(void))send, METH_FASTCALL, "send(h, key, array, forms)"},
     {NULL, NULL, 0, NULL},
@@ -579,6 +677,11 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     PyObject *module = PyModule_Create(&module_def);
     if (!module)
         return NULL;
+    scratch_name = PyUnicode_InternFromString("scratch");
+    if (!scratch_name || PyModule_AddIntConstant(module, "FIRST_SLICE_NS", FIRST_SLICE_NS) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
     Py_INCREF(&PayloadType); /* PyModule_AddObject steals it on success (PyModule_AddObjectRef is 3.10+) */
     if (PyModule_AddObject(module, "Payload", (PyObject *)&PayloadType) < 0) {
         Py_DECREF(&PayloadType);

@@ -194,7 +194,7 @@ class _Layout:
         self.dims = ffi.new("int64_t[]", shape + self.strides)
 
 
-_FIRST_SLICE_NS = 10_000_000
+_FIRST_SLICE_NS = int(fast.FIRST_SLICE_NS)  # how soon a wait runs signal handlers (Ctrl-C) first
 _MAX_SLICE_NS = 1_000_000_000
 
 
@@ -237,6 +237,7 @@ def _left(timeout_ns: int, step: int) -> int:
 
 _per_thread = threading.local()  # a reusable rdv_msg_info and waiter word per thread
 _async_pending = async_recv.pending  # recv_async futures outstanding in this process
+_LEASED = int(lib.RDV_RECV_LEASED)
 _RETRY = (-errno.ETIMEDOUT, -errno.EINTR)  # a receive's slice ran out, or a signal came
 
 _DESC_OFFSET = ffi.offsetof("struct rdv_msg_info", "ndim")
@@ -1080,8 +1081,10 @@ class Rendezvous:
         self._give_back(raw)
 
     def _recv(self, key: str, timeout: Optional[float], empty_ok: bool = False, lease: bool = False,
-              writable: bool = False, as_torch: bool = False) -> Any:
-        """A view (a tensor with as_torch); None if empty_ok and nothing is queued."""
+              writable: bool = False, as_torch: bool = False, started: Optional[int] = None) -> Any:
+        """A view (a tensor with as_torch); None if empty_ok and nothing is
+        queued. ``started``: the code fast.recv_key returned, its first call
+        into the core made already (the thread's scratch as it left it)."""
         kb = _key_cache.get(key) if type(key) is str else None
         if kb is None:
             kb = _key_bytes(key)
@@ -1091,10 +1094,12 @@ class Rendezvous:
             h = self._handle()
         scratch = getattr(_per_thread, "scratch", None)
         info, waiter, info_bytes, info_addr, waiter_addr = scratch if scratch is not None else _thread_scratch()
-        flags = lib.RDV_RECV_LEASED if lease else 0
-        step = t if 0 <= t <= _FIRST_SLICE_NS else _FIRST_SLICE_NS  # _first_step, inline: the hot path
+        flags = _LEASED if lease else 0
+        step = t if 0 <= t <= _FIRST_SLICE_NS else _FIRST_SLICE_NS  # _first_step, inline
         try:
-            if as_torch:
+            if started is not None:
+                rc = started
+            elif as_torch:
                 rc = lib.rdv_recv_start(h, kb, len(kb), step, flags, waiter, info)
             else:  # the start, and the view when the descriptor is known: in C
                 rc = fast.recv(self._h_addr, kb, step, flags, writable, info_addr, waiter_addr, _descs)
@@ -1189,11 +1194,24 @@ class Rendezvous:
         A message torch cannot hold (datetimes, strings, another byte order)
         raises InvalidType and stays queued."""
         if as_torch is not False:
-            view = self._recv(key, timeout, False, lease, writable, check_as_torch(as_torch, f"recv {key!r}"))
-        else:
-            view = self._recv(key, timeout, False, lease, writable)
-        assert view is not None  # only try_recv returns None
-        return view
+            return self._recv(key, timeout, False, lease, writable, check_as_torch(as_torch, f"recv {key!r}"))
+        h = self._h
+        if h is not None:
+            # The hot path, whole in C: a key received before, by a thread
+            # that has received before, with a timeout of None or seconds
+            try:
+                got = fast.recv_key(self._h_addr, key, timeout, _LEASED if lease else 0, writable, _per_thread,
+                                    _key_cache, _descs)
+                if type(got) is not int:
+                    if got is not None:
+                        return got
+                else:  # started: the rest as the Python path goes on
+                    return self._recv(key, timeout, False, lease, writable, False, got)
+            except BaseException:  # a signal handler's (Ctrl-C) after the core's call: leave the line
+                info, waiter = _thread_scratch()[:2]
+                self._leave_line(h, waiter, _LEASED if lease else 0, ffi.NULL, info)
+                raise
+        return self._recv(key, timeout, False, lease, writable)
 
     def try_recv(self, key: str, *, lease: bool = False, writable: bool = False, as_torch: bool = False) -> Any:
         """Like ``recv`` but never blocks: the view, or None when nothing is

@@ -150,7 +150,8 @@ class Interrupted(Exception):
 
 
 @pytest.mark.timeout(60)
-def test_a_signal_while_waiting_leaves_the_line_and_loses_nothing(rdv):
+@pytest.mark.parametrize("delay", [0.002, 0.02])  # in recv_key's first slice, and in the Python path's slices after
+def test_a_signal_while_waiting_leaves_the_line_and_loses_nothing(rdv, delay):
     """A signal handler that raises while recv waits in C: recv raises it,
     out of line, and the message sent after it is the next recv's."""
     def handler(signum, frame):
@@ -163,7 +164,7 @@ def test_a_signal_while_waiting_leaves_the_line_and_loses_nothing(rdv):
     rdv.recv("k")  # the form is known: the waits below start in C
     try:
         for i in range(20):
-            t = threading.Timer(0.02, signal.pthread_kill, (main, signal.SIGUSR1))
+            t = threading.Timer(delay, signal.pthread_kill, (main, signal.SIGUSR1))
             t.start()
             with pytest.raises(Interrupted):
                 rdv.recv("k", timeout=10)
@@ -177,25 +178,79 @@ def test_a_signal_while_waiting_leaves_the_line_and_loses_nothing(rdv):
 
 
 def test_the_hot_paths_are_the_ones_taken(rdv, monkeypatch):
-    """After the first message of a form, send and recv each make one call into C and none through cffi."""
-    calls = []
+    """After the first message of a form, send and recv each make one call
+    into C (recv's with its str key and timeout in seconds) and none
+    through cffi."""
+    calls, fast_calls = [], []
 
     class Counting:
+        def __init__(self, real, into):
+            self.real, self.into = real, into
+
         def __getattr__(self, name):
-            calls.append(name)
-            return getattr(rendezvous.lib, name)
+            self.into.append(name)
+            return getattr(self.real, name)
 
     a = np.ones(16, np.float32)
     rdv.send("k", a)
     rdv.recv("k")
-    monkeypatch.setattr(rendezvous, "lib", Counting())
-    for _ in range(10):
+    monkeypatch.setattr(rendezvous, "lib", Counting(rendezvous.lib, calls))
+    monkeypatch.setattr(rendezvous, "fast", Counting(rendezvous.fast, fast_calls))
+    for timeout in (None, 5, 5.0) * 3:
         rdv.send("k", a)
-        del _
-        v = rdv.recv("k")
+        v = rdv.recv("k", timeout=timeout)
         del v
     monkeypatch.undo()
     assert calls == []
+    assert fast_calls == ["send", "recv_key"] * 9
+
+
+@pytest.mark.timeout(60)
+def test_recv_key_leaves_every_other_timeout_and_key_to_python(rdv):
+    """Timeouts recv_key does not take, keys it has not seen and threads
+    with no scratch yet go the Python way: the same messages, the same
+    errors, nothing left queued or in line."""
+    a = np.arange(5, dtype=np.int16)
+    rdv.send("k", a)
+    rdv.recv("k")
+    for timeout in (0, 0.0, 0.5, 2, float("inf"), 10 ** 40, 1e300):
+        rdv.send("k", a)
+        assert np.array_equal(rdv.recv("k", timeout=timeout), a)
+    for timeout, error in ((True, shmrdv.InvalidType), ("1", shmrdv.InvalidType), (-1, shmrdv.InvalidArgument),
+                           (-0.5, shmrdv.InvalidArgument), (float("nan"), shmrdv.InvalidArgument),
+                           (-10 ** 40, shmrdv.InvalidArgument)):
+        with pytest.raises(error, match="timeout"):
+            rdv.recv("k", timeout=timeout)
+    with pytest.raises(shmrdv.RendezvousTimeout):
+        rdv.recv("k", timeout=0)
+    with pytest.raises(shmrdv.RendezvousTimeout):
+        rdv.recv("never-seen-before", timeout=0.01)
+    got = []
+    rdv.send("k", a)
+    thread = threading.Thread(target=lambda: got.append(rdv.recv("k", timeout=5)))  # no scratch there yet
+    thread.start()
+    thread.join(10)
+    assert len(got) == 1 and np.array_equal(got[0], a)
+    del got
+    stats = rdv.stats()
+    assert stats.pending_messages == 0 and stats.waiters == 0
+
+
+def test_recv_key_takes_a_message_of_a_new_form_to_python_for_its_view(rdv, monkeypatch):
+    """A known key whose next message has a descriptor not seen yet: taken
+    in C, its view made in Python."""
+    fresh = {}
+    monkeypatch.setattr(rendezvous, "_descs", fresh)
+    rdv.send("k", np.zeros(3, np.float32))
+    rdv.recv("k")
+    assert len(fresh) == 1
+    new = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    rdv.send("k", new)
+    v = rdv.recv("k", timeout=5)
+    assert v.dtype == new.dtype and v.shape == new.shape and np.array_equal(v, new)
+    assert len(fresh) == 2  # parsed in Python
+    del v
+    assert rdv.stats().bytes_used == 0
 
 
 def test_recv_many_makes_views_in_c_then_in_python_in_order(rdv, monkeypatch):
