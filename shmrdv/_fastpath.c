@@ -53,10 +53,12 @@ static void payload_dealloc(Payload *self) {
     void *payload = self->payload;
     self->payload = NULL;
     if (payload) {
-        rdv_t *h = self->h;
-        Py_BEGIN_ALLOW_THREADS /* may meet a lock a dead holder left: recovery runs */
-        core_release(h, payload);
-        Py_END_ALLOW_THREADS
+        /* With the GIL held, as a small send keeps it: a release is short
+         * (no copy under any lock; its space freed, a waiter for room
+         * woken), and releasing the GIL costs as much, or, when another
+         * thread is running Python, a wait for that thread's switch
+         * interval to get it back. */
+        core_release(self->h, payload);
     }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
