@@ -291,7 +291,8 @@ static PyObject *recv(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* A receive's first slice, in ns, for the timeout None or a float or an
  * int of seconds that codec.timeout_ns takes as finite without a question;
- * -2 for any other timeout (the Python layer checks it). */
+ * -2 for any other timeout, which recv_key and send_key leave to the
+ * Python layer (it checks it). */
 static long long first_slice(PyObject *timeout) {
     double s;
     if (timeout == Py_None)
@@ -489,22 +490,31 @@ static int form_of(PyArrayObject *arr, PyObject *forms, PyObject **form) {
     return 0;
 }
 
-/* send(h, key, array, forms): the send of a C-contiguous ndarray whose
- * (dtype, shape) forms knows (-> (dtype code, shape and strides as int64
- * bytes, nbytes), filled by the Python layer), without waiting for room.
- * The core's code (0: queued); None, having done nothing, for any other
- * array: the Python layer sends it. */
-static PyObject *send(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+/* send_key(h, key, array, forms, keys, timeout): the send of a
+ * C-contiguous ndarray whose (dtype, shape) forms knows (-> (dtype code,
+ * shape and strides as int64 bytes, nbytes), filled by the Python layer),
+ * under a str key keys (str -> key bytes) knows, with a timeout of None or
+ * seconds that first_slice takes, without waiting for room. The core's
+ * code (0: queued); None, having done nothing, for anything else: the
+ * Python layer sends it (and checks the key and the timeout). */
+static PyObject *send_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     void *h;
-    char *key;
-    Py_ssize_t key_len;
-    if (!entered(nargs, 4, "send(h, key, array, forms)"))
+    if (!entered(nargs, 6, "send_key(h, key, array, forms, keys, timeout)"))
         return NULL;
-    if (!as_pointer(args[0], &h) || PyBytes_AsStringAndSize(args[1], &key, &key_len) < 0)
+    if (!PyUnicode_CheckExact(args[1]) || !PyArray_CheckExact(args[2]) ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)args[2]) || !PyDict_CheckExact(args[3]) ||
+        !PyDict_CheckExact(args[4]) || first_slice(args[5]) == -2)
+        Py_RETURN_NONE;
+    if (!as_pointer(args[0], &h))
         return NULL;
-    if (!PyArray_CheckExact(args[2]) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)args[2]) ||
-        !PyDict_CheckExact(args[3]))
+    PyObject *kb = PyDict_GetItemWithError(args[4], args[1]); /* borrowed */
+    if (!kb) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    if (!PyBytes_CheckExact(kb))
         Py_RETURN_NONE;
     PyArrayObject *arr = (PyArrayObject *)args[2];
     int nd = PyArray_NDIM(arr);
@@ -519,31 +529,34 @@ static PyObject *send(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     if (PyBytes_GET_SIZE(dims) != 16 * (Py_ssize_t)nd || nbytes != (unsigned long long)PyArray_NBYTES(arr))
         Py_RETURN_NONE;
-    const char *code_s = PyBytes_AS_STRING(code);
-    uint32_t code_len = (uint32_t)PyBytes_GET_SIZE(code);
+    const char *key = PyBytes_AS_STRING(kb), *code_s = PyBytes_AS_STRING(code);
+    uint32_t key_len = (uint32_t)PyBytes_GET_SIZE(kb), code_len = (uint32_t)PyBytes_GET_SIZE(code);
     const int64_t *shape_strides = (const int64_t *)PyBytes_AS_STRING(dims);
     int rc;
     if (nbytes <= GIL_HELD_BYTES) {
         /* A small copy: cheaper with the GIL held than released and taken
          * back. A send that finds no room returns at once (timeout 0). */
-        rc = core_send(h, key, (uint32_t)key_len, code_s, code_len, (uint32_t)nd, shape_strides, shape_strides + nd,
+        rc = core_send(h, key, key_len, code_s, code_len, (uint32_t)nd, shape_strides, shape_strides + nd,
                        PyArray_DATA(arr), nbytes, 0);
         return PyLong_FromLong(rc);
     }
     /* A large copy runs without the GIL, as cffi's calls do: the array is
-     * exported meanwhile (no other thread can resize it), and the form's
-     * bytes are held (another thread may drop them from forms). */
+     * exported meanwhile (no other thread can resize it), and the key's and
+     * the form's bytes are held (another thread may drop them from keys or
+     * forms). */
     Py_buffer src;
     if (PyObject_GetBuffer((PyObject *)arr, &src, PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
+    Py_INCREF(kb);
     Py_INCREF(code);
     Py_INCREF(dims);
     Py_BEGIN_ALLOW_THREADS
-    rc = core_send(h, key, (uint32_t)key_len, code_s, code_len, (uint32_t)nd, shape_strides, shape_strides + nd,
-                   src.buf, nbytes, 0);
+    rc = core_send(h, key, key_len, code_s, code_len, (uint32_t)nd, shape_strides, shape_strides + nd, src.buf,
+                   nbytes, 0);
     Py_END_ALLOW_THREADS
     Py_DECREF(dims);
     Py_DECREF(code);
+    Py_DECREF(kb);
     PyBuffer_Release(&src);
     return PyLong_FromLong(rc);
 }
@@ -663,7 +676,7 @@ static PyMethodDef methods[] = {
     {"recv_key", (PyCFunction)(void (*)(void))recv_key, METH_FASTCALL,
      "recv_key(h, key, timeout, flags, writable, per_thread, keys, descs)"},
     {"views", (PyCFunction)(void (*)(void))views, METH_FASTCALL, "views(h, infos, n, writable, descs, made)"},
-    {"send", (PyCFunction)(void (*)(void))send, METH_FASTCALL, "send(h, key, array, forms)"},
+    {"send_key", (PyCFunction)(void (*)(void))send_key, METH_FASTCALL, "send_key(h, key, array, forms, keys, timeout)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -296,7 +296,7 @@ class _SendForm:
 
 
 _send_forms: Dict[Tuple[np.dtype, Tuple[int, ...]], _SendForm] = {}
-# The same forms as fast.send reads them: (dtype code, shape and strides as
+# The same forms as fast.send_key reads them: (dtype code, shape and strides as
 # int64 bytes, nbytes); datetimes (sent as their int64 bits) are not here.
 _fast_forms: Dict[Tuple[np.dtype, Tuple[int, ...]], Tuple[bytes, bytes, int]] = {}
 
@@ -910,7 +910,14 @@ class Rendezvous:
         non-CPU) tensor, a sparse one, or a dtype numpy has no counterpart
         of (complex32, float8, quantized) raises ``InvalidType`` saying what
         to convert it to."""
-        # The hot path: every lookup below is a dict hit after the first message.
+        h = self._h
+        if h is not None and self._routes is None and fast.send_key(self._h_addr, key, array, _fast_forms,
+                                                                     _key_cache, timeout) == 0:
+            # the hot path, whole in C: a key and a form sent before, a
+            # timeout of None or seconds, a C-contiguous array, and room
+            if _async_pending[0]:
+                async_recv.after_send()  # a future of ours it served is done when we return
+            return
         kb = _key_cache.get(key) if type(key) is str else None
         if kb is None:
             kb = _key_bytes(key)
@@ -920,11 +927,6 @@ class Rendezvous:
                 self._routes.send(self, url, key, array, timeout)
                 return
         t = -1 if timeout is None else _timeout_ns(timeout)
-        h = self._h
-        if h is not None and fast.send(self._h_addr, kb, array, _fast_forms) == 0:
-            if _async_pending[0]:
-                async_recv.after_send()  # a future of ours it served is done when we return
-            return  # queued: a C-contiguous array of a form sent before, and room for it
         arr = array if type(array) is np.ndarray else self._sendable(array)
         if h is None:
             h = self._handle()

@@ -202,7 +202,7 @@ def test_the_hot_paths_are_the_ones_taken(rdv, monkeypatch):
         del v
     monkeypatch.undo()
     assert calls == []
-    assert fast_calls == ["send", "recv_key"] * 9
+    assert fast_calls == ["send_key", "recv_key"] * 9
 
 
 @pytest.mark.timeout(60)
@@ -234,6 +234,23 @@ def test_recv_key_leaves_every_other_timeout_and_key_to_python(rdv):
     del got
     stats = rdv.stats()
     assert stats.pending_messages == 0 and stats.waiters == 0
+
+
+def test_send_key_leaves_every_other_timeout_to_python(rdv):
+    """A send the C path could make (key and form sent before) with a
+    timeout it does not take goes the Python way: sent, or refused with the
+    same error as ever and nothing queued."""
+    a = np.arange(5, dtype=np.int16)
+    rdv.send("k", a)
+    rdv.recv("k")
+    for timeout in (0, 0.0, 3, 0.5, float("inf"), 10 ** 40, 1e300):
+        rdv.send("k", a, timeout=timeout)
+        assert np.array_equal(rdv.recv("k", timeout=5), a)
+    for timeout, error in ((True, shmrdv.InvalidType), ("1", shmrdv.InvalidType), (-1, shmrdv.InvalidArgument),
+                           (-0.5, shmrdv.InvalidArgument), (float("nan"), shmrdv.InvalidArgument)):
+        with pytest.raises(error, match="timeout"):
+            rdv.send("k", a, timeout=timeout)
+    assert rdv.stats().pending_messages == 0
 
 
 def test_recv_key_takes_a_message_of_a_new_form_to_python_for_its_view(rdv, monkeypatch):
