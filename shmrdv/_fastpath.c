@@ -314,6 +314,17 @@ static long long first_slice(PyObject *timeout) {
     return ns < FIRST_SLICE_NS ? ns : FIRST_SLICE_NS;
 }
 
+/* The bytes keys (str -> key bytes, the Python layer's cache) holds for
+ * key: *kb borrowed, or NULL if it holds none. -1 with an exception. */
+static int cached_key(PyObject *keys, PyObject *key, PyObject **kb) {
+    *kb = PyDict_GetItemWithError(keys, key);
+    if (!*kb)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyBytes_CheckExact(*kb))
+        *kb = NULL;
+    return 0;
+}
+
 static PyObject *scratch_name; /* "scratch", interned once */
 
 /* recv_key(h, key, timeout, flags, writable, per_thread, keys, descs):
@@ -334,13 +345,10 @@ static PyObject *recv_key(PyObject *module, PyObject *const *args, Py_ssize_t na
     long long step = first_slice(args[2]);
     if (step == -2)
         Py_RETURN_NONE;
-    PyObject *kb = PyDict_GetItemWithError(args[6], args[1]); /* borrowed */
-    if (!kb) {
-        if (PyErr_Occurred())
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    if (!PyBytes_CheckExact(kb))
+    PyObject *kb;
+    if (cached_key(args[6], args[1], &kb) < 0)
+        return NULL;
+    if (!kb)
         Py_RETURN_NONE;
     PyObject *scratch = PyObject_GetAttr(args[5], scratch_name);
     if (!scratch) {
@@ -508,13 +516,10 @@ static PyObject *send_key(PyObject *module, PyObject *const *args, Py_ssize_t na
         Py_RETURN_NONE;
     if (!as_pointer(args[0], &h))
         return NULL;
-    PyObject *kb = PyDict_GetItemWithError(args[4], args[1]); /* borrowed */
-    if (!kb) {
-        if (PyErr_Occurred())
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    if (!PyBytes_CheckExact(kb))
+    PyObject *kb;
+    if (cached_key(args[4], args[1], &kb) < 0)
+        return NULL;
+    if (!kb)
         Py_RETURN_NONE;
     PyArrayObject *arr = (PyArrayObject *)args[2];
     int nd = PyArray_NDIM(arr);
