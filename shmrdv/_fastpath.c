@@ -16,6 +16,7 @@
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
+#include <structmember.h>
 
 #include <stddef.h>
 #include <stdint.h>
@@ -291,7 +292,7 @@ static PyObject *recv(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* A receive's first slice, in ns, for the timeout None or a float or an
  * int of seconds that codec.timeout_ns takes as finite without a question;
- * -2 for any other timeout, which recv_key and send_key leave to the
+ * -2 for any other timeout, which recv_key_of and send_key_of leave to the
  * Python layer (it checks it). */
 static long long first_slice(PyObject *timeout) {
     double s;
@@ -325,52 +326,64 @@ static int cached_key(PyObject *keys, PyObject *key, PyObject **kb) {
     return 0;
 }
 
-static PyObject *scratch_name; /* "scratch", interned once */
+/* This thread's scratch, as rendezvous._thread_scratch made it (info,
+ * waiter, the info's bytes, the info's and the waiter's addresses) and
+ * keep_scratch kept it in the thread's state dict, which lets it go when
+ * the thread ends: borrowed, or NULL (with an exception on error) if this
+ * thread has none yet. */
+static PyObject *scratch_key; /* "shmrdv._fastpath.scratch", interned once */
 
-/* recv_key(h, key, timeout, flags, writable, per_thread, keys, descs):
- * recv's start as rendezvous.Rendezvous.recv makes it, from the str key
- * and the timeout in seconds: keys (str -> key bytes) must know the key,
- * per_thread.scratch must exist (rendezvous._thread_scratch) and the
- * timeout be one first_slice takes; else None, having done nothing (the
- * Python layer receives). Otherwise what recv returns, except that a
- * message taken whose descriptor descs does not know returns 0 (it is in
- * the scratch's info). */
-static PyObject *recv_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *thread_scratch(void) {
+    PyObject *d = PyThreadState_GetDict();
+    PyObject *scratch = d ? PyDict_GetItemWithError(d, scratch_key) : NULL;
+    return scratch && PyTuple_CheckExact(scratch) && PyTuple_GET_SIZE(scratch) == 5 ? scratch : NULL;
+}
+
+/* keep_scratch(scratch): this thread's scratch, for thread_scratch. */
+static PyObject *keep_scratch(PyObject *module, PyObject *scratch) {
     (void)module;
-    void *h, *info_p, *waiter_p;
-    if (!entered(nargs, 8, "recv_key(h, key, timeout, flags, writable, per_thread, keys, descs)"))
+    PyObject *d = PyThreadState_GetDict();
+    if (!PyTuple_CheckExact(scratch) || PyTuple_GET_SIZE(scratch) != 5 || !d) {
+        PyErr_SetString(PyExc_TypeError, "keep_scratch needs a thread's scratch, a 5-tuple");
         return NULL;
-    if (!PyUnicode_CheckExact(args[1]) || !PyDict_CheckExact(args[6]) || !PyDict_CheckExact(args[7]))
+    }
+    if (PyDict_SetItem(d, scratch_key, scratch) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* recv's start as rendezvous.Rendezvous.recv makes it, from the str key
+ * and the timeout in seconds (Method's recv): keys (str -> key bytes) must
+ * know the key, this thread have a scratch (thread_scratch) and the
+ * timeout be one first_slice takes; else None, having done nothing (the
+ * Python layer receives). Otherwise what start_and_view returns, except
+ * that a message taken whose descriptor descs does not know returns 0 (it
+ * is in the scratch's info). */
+static PyObject *recv_key_of(PyObject *h_addr, PyObject *key, PyObject *timeout, uint32_t flags, int writable,
+                             PyObject *keys, PyObject *descs) {
+    void *h, *info_p, *waiter_p;
+    if (!PyUnicode_CheckExact(key))
         Py_RETURN_NONE;
-    long long step = first_slice(args[2]);
+    long long step = first_slice(timeout);
     if (step == -2)
         Py_RETURN_NONE;
     PyObject *kb;
-    if (cached_key(args[6], args[1], &kb) < 0)
+    if (cached_key(keys, key, &kb) < 0)
         return NULL;
     if (!kb)
         Py_RETURN_NONE;
-    PyObject *scratch = PyObject_GetAttr(args[5], scratch_name);
+    PyObject *scratch = thread_scratch(); /* borrowed: the thread's dict holds it */
     if (!scratch) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+        if (PyErr_Occurred())
             return NULL;
-        PyErr_Clear();
         Py_RETURN_NONE;
     }
-    if (!PyTuple_CheckExact(scratch) || PyTuple_GET_SIZE(scratch) != 5) {
-        Py_DECREF(scratch);
-        Py_RETURN_NONE;
-    }
-    int ok = as_pointer(args[0], &h) && as_pointer(PyTuple_GET_ITEM(scratch, 3), &info_p) &&
-             as_pointer(PyTuple_GET_ITEM(scratch, 4), &waiter_p);
-    Py_DECREF(scratch); /* the thread's scratch stays alive: per_thread holds it */
-    unsigned long flags = PyLong_AsUnsignedLong(args[3]);
-    int writable = PyObject_IsTrue(args[4]);
-    if (!ok || PyErr_Occurred() || writable < 0)
+    if (!as_pointer(h_addr, &h) || !as_pointer(PyTuple_GET_ITEM(scratch, 3), &info_p) ||
+        !as_pointer(PyTuple_GET_ITEM(scratch, 4), &waiter_p))
         return NULL;
     Py_INCREF(kb); /* the key's bytes, while the GIL is released */
-    PyObject *got = start_and_view(h, PyBytes_AS_STRING(kb), PyBytes_GET_SIZE(kb), step, (uint32_t)flags, writable,
-                                   info_p, waiter_p, args[7]);
+    PyObject *got = start_and_view(h, PyBytes_AS_STRING(kb), PyBytes_GET_SIZE(kb), step, flags, writable, info_p,
+                                   waiter_p, descs);
     Py_DECREF(kb);
     if (got == Py_None) {
         Py_DECREF(got);
@@ -498,33 +511,30 @@ static int form_of(PyArrayObject *arr, PyObject *forms, PyObject **form) {
     return 0;
 }
 
-/* send_key(h, key, array, forms, keys, timeout): the send of a
+/* send_key_of(h, key, array, forms, keys, timeout): the send of a
  * C-contiguous ndarray whose (dtype, shape) forms knows (-> (dtype code,
  * shape and strides as int64 bytes, nbytes), filled by the Python layer),
  * under a str key keys (str -> key bytes) knows, with a timeout of None or
  * seconds that first_slice takes, without waiting for room. The core's
  * code (0: queued); None, having done nothing, for anything else: the
  * Python layer sends it (and checks the key and the timeout). */
-static PyObject *send_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
+static PyObject *send_key_of(PyObject *h_addr, PyObject *key, PyObject *array, PyObject *forms, PyObject *keys,
+                             PyObject *timeout) {
     void *h;
-    if (!entered(nargs, 6, "send_key(h, key, array, forms, keys, timeout)"))
-        return NULL;
-    if (!PyUnicode_CheckExact(args[1]) || !PyArray_CheckExact(args[2]) ||
-        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)args[2]) || !PyDict_CheckExact(args[3]) ||
-        !PyDict_CheckExact(args[4]) || first_slice(args[5]) == -2)
+    if (!PyUnicode_CheckExact(key) || !PyArray_CheckExact(array) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)array) ||
+        first_slice(timeout) == -2)
         Py_RETURN_NONE;
-    if (!as_pointer(args[0], &h))
+    if (!as_pointer(h_addr, &h))
         return NULL;
     PyObject *kb;
-    if (cached_key(args[4], args[1], &kb) < 0)
+    if (cached_key(keys, key, &kb) < 0)
         return NULL;
     if (!kb)
         Py_RETURN_NONE;
-    PyArrayObject *arr = (PyArrayObject *)args[2];
+    PyArrayObject *arr = (PyArrayObject *)array;
     int nd = PyArray_NDIM(arr);
     PyObject *form;
-    if (form_of(arr, args[3], &form) < 0)
+    if (form_of(arr, forms, &form) < 0)
         return NULL;
     if (!form)
         Py_RETURN_NONE;
@@ -534,14 +544,14 @@ static PyObject *send_key(PyObject *module, PyObject *const *args, Py_ssize_t na
         return NULL;
     if (PyBytes_GET_SIZE(dims) != 16 * (Py_ssize_t)nd || nbytes != (unsigned long long)PyArray_NBYTES(arr))
         Py_RETURN_NONE;
-    const char *key = PyBytes_AS_STRING(kb), *code_s = PyBytes_AS_STRING(code);
+    const char *kb_s = PyBytes_AS_STRING(kb), *code_s = PyBytes_AS_STRING(code);
     uint32_t key_len = (uint32_t)PyBytes_GET_SIZE(kb), code_len = (uint32_t)PyBytes_GET_SIZE(code);
     const int64_t *shape_strides = (const int64_t *)PyBytes_AS_STRING(dims);
     int rc;
     if (nbytes <= GIL_HELD_BYTES) {
         /* A small copy: cheaper with the GIL held than released and taken
          * back. A send that finds no room returns at once (timeout 0). */
-        rc = core_send(h, key, key_len, code_s, code_len, (uint32_t)nd, shape_strides, shape_strides + nd,
+        rc = core_send(h, kb_s, key_len, code_s, code_len, (uint32_t)nd, shape_strides, shape_strides + nd,
                        PyArray_DATA(arr), nbytes, 0);
         return PyLong_FromLong(rc);
     }
@@ -556,7 +566,7 @@ static PyObject *send_key(PyObject *module, PyObject *const *args, Py_ssize_t na
     Py_INCREF(code);
     Py_INCREF(dims);
     Py_BEGIN_ALLOW_THREADS
-    rc = core_send(h, key, key_len, code_s, code_len, (uint32_t)nd, shape_strides, shape_strides + nd, src.buf,
+    rc = core_send(h, kb_s, key_len, code_s, code_len, (uint32_t)nd, shape_strides, shape_strides + nd, src.buf,
                    nbytes, 0);
     Py_END_ALLOW_THREADS
     Py_DECREF(dims);
@@ -650,6 +660,337 @@ done:
     return result;
 }
 
+/* ---- Handle: the attributes of a Rendezvous its hot paths read ------------ */
+
+/* rendezvous.Rendezvous's base: its _h (the core's handle, None once
+ * closed), _h_addr (that handle's address) and _routes (None, or the
+ * bridge's router) are fields here, so that Method reads them without a
+ * dict lookup. To the Python layer they are plain attributes. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *h, *h_addr, *routes;
+} Handle;
+
+static PyMemberDef handle_members[] = {
+    {"_h", T_OBJECT_EX, offsetof(Handle, h), 0, "the core's handle (cffi), None once closed"},
+    {"_h_addr", T_OBJECT_EX, offsetof(Handle, h_addr), 0, "its address, for this module's calls"},
+    {"_routes", T_OBJECT_EX, offsetof(Handle, routes), 0, "None, or the router of keys that cross to other hosts"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static int handle_traverse(Handle *self, visitproc visit, void *arg) {
+    Py_VISIT(self->h);
+    Py_VISIT(self->h_addr);
+    Py_VISIT(self->routes);
+    return 0;
+}
+
+static int handle_clear(Handle *self) {
+    Py_CLEAR(self->h);
+    Py_CLEAR(self->h_addr);
+    Py_CLEAR(self->routes);
+    return 0;
+}
+
+static void handle_dealloc(Handle *self) {
+    PyObject_GC_UnTrack(self);
+    handle_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject HandleType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmrdv._fastpath.Handle",
+    .tp_basicsize = sizeof(Handle),
+    .tp_dealloc = (destructor)handle_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The attributes of a Rendezvous that its hot paths in C read.",
+    .tp_traverse = (traverseproc)handle_traverse,
+    .tp_clear = (inquiry)handle_clear,
+    .tp_members = handle_members,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ---- Method: Rendezvous.send and .recv themselves, in C ------------------ */
+
+/* A method of rendezvous.Rendezvous whose common call runs here whole, with
+ * no Python frame: rdv.send(key, array[, timeout=]) and rdv.recv(key[,
+ * timeout=, lease=, writable=]) on an open handle with no routes, through
+ * send_key_of and recv_key_of, over the Python layer's caches it was made
+ * with (rendezvous._hot_methods). Every other call, and every one those
+ * decline, goes to the Python method it wraps (__wrapped__), which does it
+ * all, as if this were not here. A receive that got further than the hot
+ * path finishes (in line, a descriptor to parse, a signal handler's
+ * exception after the core's call) goes on in rdv._recv_went_on. A method
+ * descriptor: rdv.send(...) calls it with rdv first, making no bound
+ * method. */
+enum { METHOD_SEND, METHOD_RECV };
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    int kind;
+    PyObject *wrapped; /* the Python method */
+    PyObject *keys;    /* str -> key bytes (the Python layer's caches, as send_key_of and recv_key_of take them) */
+    PyObject *forms;   /* send: (dtype, shape) -> form */
+    PyObject *pending; /* send: async_recv.pending, [futures outstanding] */
+    PyObject *async_recv; /* send: the module, whose after_send a send that served a future calls */
+    PyObject *descs; /* recv */
+} Method;
+
+static PyObject *timeout_name, *lease_name, *writable_name;
+static PyObject *after_send_name, *went_on_name;
+
+static int same_name(PyObject *a, PyObject *b) { return a == b || PyUnicode_Compare(a, b) == 0; }
+
+/* The address of self's handle (self._h_addr) when the hot path may use it:
+ * self._h open and self._routes None. A new reference, or NULL with no
+ * exception: the Python method then does the call. */
+static PyObject *open_handle(PyObject *self) {
+    if (!PyObject_TypeCheck(self, &HandleType))
+        return NULL;
+    Handle *hs = (Handle *)self;
+    if (!hs->h || hs->h == Py_None || hs->routes != Py_None || !hs->h_addr || !PyLong_CheckExact(hs->h_addr))
+        return NULL;
+    Py_INCREF(hs->h_addr);
+    return hs->h_addr;
+}
+
+/* None once sent; NULL to decline, or with an exception on error. */
+static PyObject *method_send(Method *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *timeout = Py_None;
+    if (nargs != 3)
+        return NULL;
+    if (kwnames) {
+        if (PyTuple_GET_SIZE(kwnames) != 1 || !same_name(PyTuple_GET_ITEM(kwnames, 0), timeout_name))
+            return NULL;
+        timeout = args[3];
+    }
+    PyObject *addr = open_handle(args[0]);
+    if (!addr)
+        return NULL;
+    PyObject *got = send_key_of(addr, args[1], args[2], m->forms, m->keys, timeout);
+    Py_DECREF(addr);
+    if (!got)
+        return NULL;
+    long rc = got == Py_None ? -1 : PyLong_AsLong(got);
+    Py_DECREF(got);
+    if (rc != 0) /* declined, or no room (the Python method waits for it), or an error it explains */
+        return NULL; /* with PyLong_AsLong's exception, if it raised */
+    /* a future of ours it served is done when we return */
+    int pending = PyObject_IsTrue(PyList_GET_ITEM(m->pending, 0));
+    if (pending < 0)
+        return NULL;
+    if (pending) {
+        PyObject *r = PyObject_CallMethodNoArgs(m->async_recv, after_send_name);
+        if (!r)
+            return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_NONE;
+}
+
+/* A received view; None (a new reference) to decline; NULL on error. */
+static PyObject *method_recv(Method *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *timeout = Py_None, *lease = Py_False, *writable = Py_False;
+    if (nargs != 2)
+        Py_RETURN_NONE;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
+        if (same_name(name, timeout_name))
+            timeout = value;
+        else if (same_name(name, lease_name) && (value == Py_True || value == Py_False))
+            lease = value;
+        else if (same_name(name, writable_name) && (value == Py_True || value == Py_False))
+            writable = value;
+        else
+            Py_RETURN_NONE; /* as_torch, a value to check, or a mistake for the Python method to name */
+    }
+    PyObject *addr = open_handle(args[0]);
+    if (!addr)
+        Py_RETURN_NONE;
+    PyObject *got = recv_key_of(addr, args[1], timeout, lease == Py_True ? RDV_RECV_LEASED : 0, writable == Py_True,
+                                m->keys, m->descs);
+    Py_DECREF(addr);
+    if (got && !PyLong_CheckExact(got))
+        return got; /* the view, or None: nothing done */
+    /* In line, or a message taken: handlers of signals that came meanwhile
+     * run now, so that none runs as went_on is entered, before its try. */
+    if (got && PyErr_CheckSignals() < 0)
+        Py_CLEAR(got);
+    if (!got) { /* raised after the core's call (a signal handler): went_on leaves the line, then raises it */
+        PyObject *type, *tb;
+        PyErr_Fetch(&type, &got, &tb);
+        PyErr_NormalizeException(&type, &got, &tb);
+        if (tb)
+            PyException_SetTraceback(got, tb);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+        if (!got)
+            return NULL;
+    }
+    PyObject *call[] = {args[0], args[1], timeout, lease, writable, got};
+    PyObject *r = PyObject_VectorcallMethod(went_on_name, call, 6, NULL);
+    Py_DECREF(got);
+    return r;
+}
+
+static PyObject *method_call(Method *m, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (ready()) {
+        if (m->kind == METHOD_SEND) {
+            PyObject *r = method_send(m, args, nargs, kwnames);
+            if (r || PyErr_Occurred())
+                return r;
+        } else {
+            PyObject *r = method_recv(m, args, nargs, kwnames);
+            if (r != Py_None)
+                return r;
+            Py_DECREF(r);
+        }
+    } else {
+        PyErr_Clear();
+    }
+    return PyObject_Vectorcall(m->wrapped, args, nargsf, kwnames);
+}
+
+/* rdv.send: a bound method of this descriptor (rdv.send(...) itself makes none). */
+static PyObject *method_get(PyObject *self, PyObject *obj, PyObject *type) {
+    (void)type;
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+/* What the Python method says of itself (__name__, __qualname__, ...), for
+ * help() and inspect, which also follow __wrapped__. */
+static PyObject *method_getattro(PyObject *self, PyObject *name) {
+    PyObject *r = PyObject_GenericGetAttr(self, name);
+    if (r || !PyErr_ExceptionMatches(PyExc_AttributeError))
+        return r;
+    PyErr_Clear();
+    return PyObject_GetAttr(((Method *)self)->wrapped, name);
+}
+
+static PyObject *method_doc(Method *m, void *unused) {
+    (void)unused;
+    return PyObject_GetAttrString(m->wrapped, "__doc__");
+}
+
+static PyObject *method_module(Method *m, void *unused) {
+    (void)unused;
+    return PyObject_GetAttrString(m->wrapped, "__module__");
+}
+
+static PyObject *method_wrapped(Method *m, void *unused) {
+    (void)unused;
+    Py_INCREF(m->wrapped);
+    return m->wrapped;
+}
+
+static PyGetSetDef method_getset[] = {
+    {"__doc__", (getter)method_doc, NULL, NULL, NULL},
+    {"__module__", (getter)method_module, NULL, NULL, NULL},
+    {"__wrapped__", (getter)method_wrapped, NULL, "the Python method, which does every call this one declines", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static int method_traverse(Method *m, visitproc visit, void *arg) {
+    Py_VISIT(m->wrapped);
+    Py_VISIT(m->keys);
+    Py_VISIT(m->forms);
+    Py_VISIT(m->pending);
+    Py_VISIT(m->async_recv);
+    Py_VISIT(m->descs);
+    return 0;
+}
+
+static int method_clear(Method *m) {
+    Py_CLEAR(m->wrapped);
+    Py_CLEAR(m->keys);
+    Py_CLEAR(m->forms);
+    Py_CLEAR(m->pending);
+    Py_CLEAR(m->async_recv);
+    Py_CLEAR(m->descs);
+    return 0;
+}
+
+static void method_dealloc(Method *m) {
+    PyObject_GC_UnTrack(m);
+    method_clear(m);
+    PyObject_GC_Del(m);
+}
+
+static PyTypeObject MethodType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmrdv._fastpath.Method",
+    .tp_basicsize = sizeof(Method),
+    .tp_dealloc = (destructor)method_dealloc,
+    .tp_vectorcall_offset = offsetof(Method, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_getattro = method_getattro,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_traverse = (traverseproc)method_traverse,
+    .tp_clear = (inquiry)method_clear,
+    .tp_getset = method_getset,
+    .tp_descr_get = method_get,
+};
+
+static Method *new_method(int kind, PyObject *wrapped, PyObject *keys) {
+    if (!PyCallable_Check(wrapped) || !PyDict_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "a Method wraps a callable and takes the keys dict");
+        return NULL;
+    }
+    Method *m = PyObject_GC_New(Method, &MethodType);
+    if (!m)
+        return NULL;
+    m->vectorcall = (vectorcallfunc)method_call;
+    m->kind = kind;
+    m->forms = m->pending = m->async_recv = m->descs = NULL;
+    Py_INCREF(wrapped);
+    m->wrapped = wrapped;
+    Py_INCREF(keys);
+    m->keys = keys;
+    PyObject_GC_Track(m);
+    return m;
+}
+
+static PyObject *held(PyObject *o) {
+    Py_INCREF(o);
+    return o;
+}
+
+/* send_method(wrapped, forms, keys, pending, async_recv): Rendezvous.send. */
+static PyObject *send_method(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5 || !PyDict_CheckExact(args[1]) || !PyList_CheckExact(args[3]) || PyList_GET_SIZE(args[3]) < 1) {
+        PyErr_SetString(PyExc_TypeError, "send_method(wrapped, forms dict, keys dict, pending list, async_recv)");
+        return NULL;
+    }
+    Method *m = new_method(METHOD_SEND, args[0], args[2]);
+    if (!m)
+        return NULL;
+    m->forms = held(args[1]);
+    m->pending = held(args[3]);
+    m->async_recv = held(args[4]);
+    return (PyObject *)m;
+}
+
+/* recv_method(wrapped, keys, descs): Rendezvous.recv. */
+static PyObject *recv_method(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3 || !PyDict_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "recv_method(wrapped, keys dict, descs dict)");
+        return NULL;
+    }
+    Method *m = new_method(METHOD_RECV, args[0], args[1]);
+    if (!m)
+        return NULL;
+    m->descs = held(args[2]);
+    return (PyObject *)m;
+}
+
 /* init(send, send_many, recv_start, release_payload): the core's functions, by address. */
 static PyObject *init(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -678,10 +1019,12 @@ static PyMethodDef methods[] = {
     {"view", (PyCFunction)(void (*)(void))view, METH_FASTCALL, "view(h, info, dtype, shape, writable)"},
     {"recv", (PyCFunction)(void (*)(void))recv, METH_FASTCALL,
      "recv(h, key, timeout_ns, flags, writable, info, waiter, descs)"},
-    {"recv_key", (PyCFunction)(void (*)(void))recv_key, METH_FASTCALL,
-     "recv_key(h, key, timeout, flags, writable, per_thread, keys, descs)"},
+    {"keep_scratch", (PyCFunction)keep_scratch, METH_O, "keep_scratch(scratch): this thread's, for recv's hot path"},
     {"views", (PyCFunction)(void (*)(void))views, METH_FASTCALL, "views(h, infos, n, writable, descs, made)"},
-    {"send_key", (PyCFunction)(void (*)(void))send_key, METH_FASTCALL, "send_key(h, key, array, forms, keys, timeout)"},
+    {"send_method", (PyCFunction)(void (*)(void))send_method, METH_FASTCALL,
+     "send_method(wrapped, forms, keys, pending, async_recv): Rendezvous.send, its hot path in C"},
+    {"recv_method", (PyCFunction)(void (*)(void))recv_method, METH_FASTCALL,
+     "recv_method(wrapped, keys, descs): Rendezvous.recv, its hot path in C"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -692,19 +1035,38 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
     import_array();
-    if (PyType_Ready(&PayloadType) < 0)
+    if (PyType_Ready(&PayloadType) < 0 || PyType_Ready(&MethodType) < 0 || PyType_Ready(&HandleType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (!module)
         return NULL;
-    scratch_name = PyUnicode_InternFromString("scratch");
-    if (!scratch_name || PyModule_AddIntConstant(module, "FIRST_SLICE_NS", FIRST_SLICE_NS) < 0) {
+    scratch_key = PyUnicode_InternFromString("shmrdv._fastpath.scratch");
+    timeout_name = PyUnicode_InternFromString("timeout");
+    lease_name = PyUnicode_InternFromString("lease");
+    writable_name = PyUnicode_InternFromString("writable");
+    after_send_name = PyUnicode_InternFromString("after_send");
+    went_on_name = PyUnicode_InternFromString("_recv_went_on");
+    if (!scratch_key || !timeout_name || !lease_name || !writable_name ||
+        !after_send_name || !went_on_name ||
+        PyModule_AddIntConstant(module, "FIRST_SLICE_NS", FIRST_SLICE_NS) < 0) {
         Py_DECREF(module);
         return NULL;
     }
     Py_INCREF(&PayloadType); /* PyModule_AddObject steals it on success (PyModule_AddObjectRef is 3.10+) */
     if (PyModule_AddObject(module, "Payload", (PyObject *)&PayloadType) < 0) {
         Py_DECREF(&PayloadType);
+        Py_CLEAR(module);
+        return NULL;
+    }
+    Py_INCREF(&MethodType);
+    if (PyModule_AddObject(module, "Method", (PyObject *)&MethodType) < 0) {
+        Py_DECREF(&MethodType);
+        Py_CLEAR(module);
+        return NULL;
+    }
+    Py_INCREF(&HandleType);
+    if (PyModule_AddObject(module, "Handle", (PyObject *)&HandleType) < 0) {
+        Py_DECREF(&HandleType);
         Py_CLEAR(module);
     }
     return module;

@@ -296,7 +296,7 @@ class _SendForm:
 
 
 _send_forms: Dict[Tuple[np.dtype, Tuple[int, ...]], _SendForm] = {}
-# The same forms as fast.send_key reads them: (dtype code, shape and strides as
+# The same forms as send's hot path (fast.send_method) reads them: (dtype code, shape and strides as
 # int64 bytes, nbytes); datetimes (sent as their int64 bits) are not here.
 _fast_forms: Dict[Tuple[np.dtype, Tuple[int, ...]], Tuple[bytes, bytes, int]] = {}
 
@@ -332,6 +332,7 @@ def _thread_scratch() -> Tuple[Any, Any, Any, int, int]:
     if scratch is None:
         info, waiter = ffi.new("struct rdv_msg_info *"), ffi.new("uint32_t *")
         scratch = _per_thread.scratch = (info, waiter, ffi.buffer(info), address(info), address(waiter))
+        fast.keep_scratch(scratch)  # for recv's hot path, which reads it from the thread's state
     return scratch  # type: ignore[no-any-return]
 
 
@@ -506,7 +507,7 @@ def _router(routes: Mapping[str, str], token: Union[str, bytes, None], tls_ca: O
     return _router_factory(routes, token, tls_ca)
 
 
-class Rendezvous:
+class Rendezvous(fast.Handle):
     """A table of FIFO channels keyed by string, in one shared-memory segment.
 
     ``Rendezvous(name)`` attaches to the rendezvous ``name`` if it exists and
@@ -910,14 +911,10 @@ class Rendezvous:
         non-CPU) tensor, a sparse one, or a dtype numpy has no counterpart
         of (complex32, float8, quantized) raises ``InvalidType`` saying what
         to convert it to."""
+        # The hot path (a key and a form sent before, a timeout of None or
+        # seconds, a C-contiguous array, and room) runs whole in C, before
+        # this: see fast.send_method below the class. This is the rest.
         h = self._h
-        if h is not None and self._routes is None and fast.send_key(self._h_addr, key, array, _fast_forms,
-                                                                     _key_cache, timeout) == 0:
-            # the hot path, whole in C: a key and a form sent before, a
-            # timeout of None or seconds, a C-contiguous array, and room
-            if _async_pending[0]:
-                async_recv.after_send()  # a future of ours it served is done when we return
-            return
         kb = _key_cache.get(key) if type(key) is str else None
         if kb is None:
             kb = _key_bytes(key)
@@ -1085,7 +1082,7 @@ class Rendezvous:
     def _recv(self, key: str, timeout: Optional[float], empty_ok: bool = False, lease: bool = False,
               writable: bool = False, as_torch: bool = False, started: Optional[int] = None) -> Any:
         """A view (a tensor with as_torch); None if empty_ok and nothing is
-        queued. ``started``: the code fast.recv_key returned, its first call
+        queued. ``started``: the code recv's hot path (fast.recv_method) got, its first call
         into the core made already (the thread's scratch as it left it)."""
         kb = _key_cache.get(key) if type(key) is str else None
         if kb is None:
@@ -1195,25 +1192,30 @@ class Rendezvous:
         would go back to the key with the message if this process died).
         A message torch cannot hold (datetimes, strings, another byte order)
         raises InvalidType and stays queued."""
+        # The hot path (a key received before, by a thread that has received
+        # before, with a timeout of None or seconds, lease and writable True
+        # or False) runs whole in C, before this: see fast.recv_method below
+        # the class, and _recv_went_on. This is the rest.
         if as_torch is not False:
             return self._recv(key, timeout, False, lease, writable, check_as_torch(as_torch, f"recv {key!r}"))
-        h = self._h
-        if h is not None:
-            # The hot path, whole in C: a key received before, by a thread
-            # that has received before, with a timeout of None or seconds
-            try:
-                got = fast.recv_key(self._h_addr, key, timeout, _LEASED if lease else 0, writable, _per_thread,
-                                    _key_cache, _descs)
-                if type(got) is not int:
-                    if got is not None:
-                        return got
-                else:  # started: the rest as the Python path goes on
-                    return self._recv(key, timeout, False, lease, writable, False, got)
-            except BaseException:  # a signal handler's (Ctrl-C) after the core's call: leave the line
-                info, waiter = _thread_scratch()[:2]
-                self._leave_line(h, waiter, _LEASED if lease else 0, ffi.NULL, info)
-                raise
         return self._recv(key, timeout, False, lease, writable)
+
+    def _recv_went_on(self, key: str, timeout: Optional[float], lease: bool, writable: bool, got: Any) -> Any:
+        """Where recv's hot path (fast.recv_method) stopped after its call into
+        the core: ``got`` is that call's code (the thread's scratch as it left
+        it: in line, or a message taken whose descriptor is new), or the
+        exception raised after it (a signal handler's, Ctrl-C), which is
+        raised again once the line is left."""
+        h = self._h
+        flags = _LEASED if lease else 0
+        try:
+            if isinstance(got, BaseException):
+                raise got
+            return self._recv(key, timeout, False, lease, writable, False, got)
+        except BaseException:  # leave the line: put back a message handed over meanwhile
+            info, waiter = _thread_scratch()[:2]
+            self._leave_line(h, waiter, flags, ffi.NULL, info)
+            raise
 
     def try_recv(self, key: str, *, lease: bool = False, writable: bool = False, as_torch: bool = False) -> Any:
         """Like ``recv`` but never blocks: the view, or None when nothing is
@@ -1457,3 +1459,19 @@ class Rendezvous:
         if rc < 0:
             raise_rc(rc, "collect_garbage")
         return int(n[0])
+
+
+_send_py, _recv_py = Rendezvous.send, Rendezvous.recv
+
+
+def _hot_methods() -> Tuple[Any, Any]:
+    """Rendezvous.send and .recv with their hot paths whole in C, with no
+    Python frame (fast.send_method, fast.recv_method), over this module's
+    caches as they are now; every call those decline goes to the Python
+    methods above (each one's ``__wrapped__``). Made once, below; a test that
+    swaps a cache for a fresh dict makes them again."""
+    return (fast.send_method(_send_py, _fast_forms, _key_cache, _async_pending, async_recv),
+            fast.recv_method(_recv_py, _key_cache, _descs))
+
+
+Rendezvous.send, Rendezvous.recv = _hot_methods()  # type: ignore[method-assign]

@@ -107,6 +107,19 @@ def kill_process(process) -> None:
     assert process.exitcode == -signal.SIGKILL
 
 
+def swap_caches(monkeypatch, **caches) -> None:
+    """Give shmrdv.rendezvous fresh caches (``_descs={}``, ...) for one test,
+    and its C send and recv too (they hold the caches they were made with);
+    monkeypatch puts all of it back."""
+    from shmrdv import rendezvous
+
+    for name, cache in caches.items():
+        monkeypatch.setattr(rendezvous, name, cache)
+    send, recv = rendezvous._hot_methods()
+    monkeypatch.setattr(rendezvous.Rendezvous, "send", send)
+    monkeypatch.setattr(rendezvous.Rendezvous, "recv", recv)
+
+
 def only_me(rdv) -> bool:
     """Whether this process is the only one attached to rdv."""
     return [p.pid for p in rdv.processes()] == [os.getpid()]

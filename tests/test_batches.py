@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 import shmrdv
-from shmrdv import _fastpath, batches, rendezvous
+from shmrdv import _fastpath, batches
 
 from . import workers
+from .conftest import swap_caches
 
 
 class _CountingLib:
@@ -223,7 +224,7 @@ def test_an_interrupted_batch_gives_everything_back_in_order(rdv, monkeypatch, w
         rdv.recv("k0")  # the descriptor is known: all four views are made in C
         monkeypatch.setattr(batches, "fast", _ViewsThenInterrupt())
     else:  # a descriptor not seen before: parsed and made views in Python
-        monkeypatch.setattr(rendezvous, "_descs", {})
+        swap_caches(monkeypatch, _descs={})
     if where == "parsing":
         real = batches._parsed
         trip = _interrupt_on(2)

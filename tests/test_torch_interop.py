@@ -20,7 +20,7 @@ import shmrdv  # noqa: E402
 import shmrdv.torch  # noqa: E402
 from shmrdv import codec, rendezvous, tensors  # noqa: E402
 
-from .conftest import _new_name, _remove_segment  # noqa: E402
+from .conftest import _new_name, _remove_segment, swap_caches  # noqa: E402
 
 QUEUE_TIMEOUT = 60.0  # a spawned child imports torch first: seconds on a busy machine
 
@@ -444,8 +444,9 @@ def test_a_message_torch_cannot_hold_stays_queued(rdv, array):
 def without_ml_dtypes(monkeypatch):
     """This process as one where ml_dtypes is not installed."""
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # its import raises ImportError
-    for module, cache in ((tensors, "_numpy_dtypes"), (codec, "_code_dtypes"), (rendezvous, "_descs")):
+    for module, cache in ((tensors, "_numpy_dtypes"), (codec, "_code_dtypes")):
         monkeypatch.setattr(module, cache, {})  # what they learnt of bfloat16 so far
+    swap_caches(monkeypatch, _descs={})
     monkeypatch.setattr(tensors, "_bfloat16", None)
     from shmrdv.bridge import protocol
 
