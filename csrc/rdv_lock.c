@@ -41,8 +41,11 @@ static void count_hold(rdv_t *h, uint32_t who, int delta) {
     rdv_fetch_add(&h->kprocs[e].locks_held, (uint32_t)delta, __ATOMIC_SEQ_CST);
 }
 
-/* Whether entry holder - 1 holds no lock at all, our own attempt on this
- * lock (counted as who) apart. Only a live entry's count says so: one being
+/* Whether entry holder - 1 holds no lock at all, apart from what this
+ * thread holds as it (its attempt on this lock, and the locks it holds
+ * meanwhile, such as an insert's home lock): a word that names our own
+ * entry while no other thread of ours holds a lock is damage, or we would
+ * wait for ourselves forever. Only a live entry's count says so: one being
  * reclaimed, or FREE, is acted for by a reclaimer whose holds under its
  * identity may not all be counted (a FREE entry's lock repaired as it). */
 static int holds_nothing(rdv_t *h, uint32_t holder, uint32_t who) {
@@ -52,7 +55,9 @@ static int holds_nothing(rdv_t *h, uint32_t holder, uint32_t who) {
         return 0;
     /* seq_cst: pairs with count_hold's RMWs */
     int64_t n = (int32_t)smp_load_seq_cst(&h->kprocs[e].locks_held);
-    return n - (holder == who) <= 0;
+    /* this thread's holds as who, counted (count_hold) from before each CAS */
+    int64_t ours = holder == who && mine.h == h ? mine.held[e] : 0;
+    return n - ours <= 0;
 }
 
 /* A waiter has spun a while on a lock that `holder` holds. */

@@ -120,3 +120,23 @@ def test_a_lock_word_damaged_to_name_a_live_process_is_freed(rdv, whose):
         if other is not None:
             other.kill()
             other.join(10)
+
+
+@pytest.mark.timeout(90)
+def test_a_new_key_over_lock_words_damaged_to_name_ourselves_is_inserted(rdv):
+    """An insert holds the home slot's insert lock while it takes a free
+    slot's lock; a word damaged to name the inserting process itself was
+    counted as held by it (its insert lock), so it waited for itself
+    forever. It is freed after the stale checks, and the message arrives."""
+    ctx = multiprocessing.get_context("spawn")
+    result = ctx.Queue()
+    child = ctx.Process(target=workers.insert_over_locks_naming_us, args=(rdv.name, result), daemon=True)
+    child.start()
+    try:
+        assert result.get(timeout=60) == [0, 1, 2]
+        child.join(30)
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(10)

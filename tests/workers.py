@@ -535,6 +535,28 @@ def attach_and_wait(name, ready):
     rdv.close()
 
 
+def insert_over_locks_naming_us(name, result):
+    """Every free key slot's lock word damaged to name our own entry, then a
+    send to a new key, whose insert takes the new slot's lock while it holds
+    the home slot's insert lock: it must find the word stale and free it,
+    not wait for itself. Reports what the key then holds."""
+    from .segment_bytes import SLOT_STATE, Segment
+
+    rdv = shmrdv.Rendezvous(name, create=False)
+    me = next(p.entry for p in rdv.processes() if p.pid == os.getpid())
+    seg = Segment(name)
+    try:
+        for i in range(seg.slots):
+            slot = seg.index_off + 64 * i
+            if seg.u32(slot + SLOT_STATE) != 1:  # not LIVE: where an insert may land
+                seg.u32(slot, me + 1)
+        rdv.send("fresh", np.arange(3))
+        result.put(list(rdv.recv("fresh", timeout=5)))
+    finally:
+        seg.close()
+        rdv.close()
+
+
 def insert_keys(name, worker, n, start, queue):
     """Once start is set, send to n fresh keys; report how many were admitted."""
     rdv = shmrdv.Rendezvous(name, create=False)
