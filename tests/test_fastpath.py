@@ -341,3 +341,65 @@ def test_send_many_after_a_kind_was_made_again_sends_what_it_says(rdv):
     got = rdv.recv_many("k", 10)
     assert [g.tolist() for g in got] == [[0, 1, 2, 3]] * 2 + [[1, 2, 3, 4]] and all(g.dtype == np.int32 for g in got)
     assert rdv.stats().keys == 0 and rdv.stats().pending_messages == 0  # no message went to another key
+
+
+def test_send_and_recv_are_methods_as_python_would_make_them(rdv):
+    """Rendezvous.send and .recv are C method descriptors (fast.Method): bound
+    and unbound calls, keywords, help() and inspect see the Python methods
+    they wrap, and a call the hot path does not take (keywords by name, a
+    bad argument) gets what the Python method does."""
+    import inspect
+
+    cls = type(rdv)
+    for name in ("send", "recv"):
+        method = getattr(cls, name)
+        assert type(method) is _fastpath.Method and method.__wrapped__.__name__ == name
+        assert method.__name__ == name and method.__qualname__ == f"Rendezvous.{name}"
+        assert method.__doc__ == method.__wrapped__.__doc__ and "key" in method.__doc__
+        assert inspect.signature(method) == inspect.signature(method.__wrapped__)
+        assert inspect.signature(getattr(rdv, name)) == inspect.signature(method.__wrapped__.__get__(rdv))
+        assert getattr(rdv, name).__self__ is rdv
+    a = np.arange(6, dtype=np.int32)
+    cls.send(rdv, "k", a)  # unbound, the hot path's form once known
+    bound = rdv.send
+    bound("k", a, timeout=1)
+    rdv.send(key="k", array=a, timeout=2.5)  # by name: the Python method
+    assert np.array_equal(cls.recv(rdv, "k"), a)
+    assert np.array_equal(rdv.recv("k", timeout=1, lease=False, writable=True), a)
+    assert np.array_equal(rdv.recv(key="k"), a)
+    with pytest.raises(TypeError, match="timeot"):
+        rdv.send("k", a, timeot=1)
+    with pytest.raises(TypeError, match="as_tensor"):
+        rdv.recv("k", as_tensor=True)
+    with pytest.raises(TypeError):
+        rdv.recv()
+    with pytest.raises(TypeError):
+        cls.send("k", a)  # no rendezvous: the Python method says what is missing
+    assert rdv.stats().pending_messages == 0
+
+
+def test_a_subclass_takes_the_hot_path_and_a_closed_handle_the_python_way(rdv_name):
+    """The hot path reads the handle's fields as the Python code leaves them:
+    a subclass's calls take it too, a closed handle raises the Python
+    method's error, and a handle closed while a view is out keeps that view."""
+    class Mine(shmrdv.Rendezvous):
+        pass
+
+    r = Mine(rdv_name, create=True)
+    try:
+        a = np.arange(4, dtype=np.float64)
+        for _ in range(3):
+            r.send("k", a)
+            v = r.recv("k", timeout=5)
+            assert np.array_equal(v, a)
+        r.send("k", a)
+        r.close()
+        assert np.array_equal(v, a)  # a view outlives its handle
+        with pytest.raises(shmrdv.RendezvousError, match="closed"):
+            r.send("k", a)
+        with pytest.raises(shmrdv.RendezvousError, match="closed"):
+            r.recv("k", timeout=1)
+        del v
+    finally:
+        r.close()
+        r.unlink()
