@@ -55,7 +55,10 @@ static int holds_nothing(rdv_t *h, uint32_t holder, uint32_t who) {
         return 0;
     /* seq_cst: pairs with count_hold's RMWs */
     int64_t n = (int32_t)smp_load_seq_cst(&h->kprocs[e].locks_held);
-    /* this thread's holds as who, counted (count_hold) from before each CAS */
+    /* This thread's holds as who, counted (count_hold) from before each
+     * CAS: the rest of the count is other threads of ours. Exact because a
+     * lock is always released by the thread that took it, within one core
+     * call (a hand-over or a reclaimer's unlock acts as another entry). */
     int64_t ours = holder == who && mine.h == h ? mine.held[e] : 0;
     return n - ours <= 0;
 }

@@ -339,6 +339,20 @@ static PyObject *thread_scratch(void) {
     return scratch && PyTuple_CheckExact(scratch) && PyTuple_GET_SIZE(scratch) == 5 ? scratch : NULL;
 }
 
+/* scratch(): this thread's scratch, or None if it has none yet. */
+static PyObject *scratch(PyObject *module, PyObject *unused) {
+    (void)module;
+    (void)unused;
+    PyObject *got = thread_scratch();
+    if (!got) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(got);
+    return got;
+}
+
 /* keep_scratch(scratch): this thread's scratch, for thread_scratch. */
 static PyObject *keep_scratch(PyObject *module, PyObject *scratch) {
     (void)module;
@@ -738,19 +752,25 @@ typedef struct {
 } Method;
 
 static PyObject *timeout_name, *lease_name, *writable_name;
-static PyObject *after_send_name, *went_on_name;
+static PyObject *after_send_name, *went_on_name, *gave_up_name;
 
 static int same_name(PyObject *a, PyObject *b) { return a == b || PyUnicode_Compare(a, b) == 0; }
 
 /* The address of self's handle (self._h_addr) when the hot path may use it:
  * self._h open and self._routes None. A new reference, or NULL with no
- * exception: the Python method then does the call. */
-static PyObject *open_handle(PyObject *self) {
+ * exception: the Python method then does the call. *h: the handle itself
+ * (a new reference), if h is not NULL: what the call goes on with, even
+ * if another thread closes self meanwhile. */
+static PyObject *open_handle(PyObject *self, PyObject **h) {
     if (!PyObject_TypeCheck(self, &HandleType))
         return NULL;
     Handle *hs = (Handle *)self;
     if (!hs->h || hs->h == Py_None || hs->routes != Py_None || !hs->h_addr || !PyLong_CheckExact(hs->h_addr))
         return NULL;
+    if (h) {
+        Py_INCREF(hs->h);
+        *h = hs->h;
+    }
     Py_INCREF(hs->h_addr);
     return hs->h_addr;
 }
@@ -765,7 +785,7 @@ static PyObject *method_send(Method *m, PyObject *const *args, Py_ssize_t nargs,
             return NULL;
         timeout = args[3];
     }
-    PyObject *addr = open_handle(args[0]);
+    PyObject *addr = open_handle(args[0], NULL);
     if (!addr)
         return NULL;
     PyObject *got = send_key_of(addr, args[1], args[2], m->forms, m->keys, timeout);
@@ -777,6 +797,10 @@ static PyObject *method_send(Method *m, PyObject *const *args, Py_ssize_t nargs,
     if (rc != 0) /* declined, or no room (the Python method waits for it), or an error it explains */
         return NULL; /* with PyLong_AsLong's exception, if it raised */
     /* a future of ours it served is done when we return */
+    if (PyList_GET_SIZE(m->pending) < 1) {
+        PyErr_SetString(PyExc_RuntimeError, "async_recv.pending lost its count");
+        return NULL;
+    }
     int pending = PyObject_IsTrue(PyList_GET_ITEM(m->pending, 0));
     if (pending < 0)
         return NULL;
@@ -789,11 +813,38 @@ static PyObject *method_send(Method *m, PyObject *const *args, Py_ssize_t nargs,
     Py_RETURN_NONE;
 }
 
-/* A received view; None (a new reference) to decline; NULL on error. */
-static PyObject *method_recv(Method *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+/* Whether this thread's scratch says a receive is under way: in line (the
+ * waiter word set) or a message taken into its info and not yet a view's. */
+static int under_way(void) {
+    PyObject *scratch = thread_scratch();
+    void *info_p, *waiter_p;
+    if (!scratch || !as_pointer(PyTuple_GET_ITEM(scratch, 3), &info_p) ||
+        !as_pointer(PyTuple_GET_ITEM(scratch, 4), &waiter_p)) {
+        PyErr_Clear();
+        return 1; /* cannot tell: leaving the line is harmless when not in it */
+    }
+    return *(uint32_t *)waiter_p != 0 || ((struct rdv_msg_info *)info_p)->payload != NULL;
+}
+
+/* The exception now raised, normalized, with its traceback: a new reference. */
+static PyObject *raised(void) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value && tb)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+}
+
+/* A received view, or NULL on error; *declined (NULL returned, no
+ * exception) when the Python method is to do the call. */
+static PyObject *method_recv(Method *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int *declined) {
     PyObject *timeout = Py_None, *lease = Py_False, *writable = Py_False;
+    *declined = 1;
     if (nargs != 2)
-        Py_RETURN_NONE;
+        return NULL;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t i = 0; i < nkw; i++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
@@ -804,34 +855,51 @@ static PyObject *method_recv(Method *m, PyObject *const *args, Py_ssize_t nargs,
         else if (same_name(name, writable_name) && (value == Py_True || value == Py_False))
             writable = value;
         else
-            Py_RETURN_NONE; /* as_torch, a value to check, or a mistake for the Python method to name */
+            return NULL; /* as_torch, a value to check, or a mistake for the Python method to name */
     }
-    PyObject *addr = open_handle(args[0]);
+    PyObject *h;
+    PyObject *addr = open_handle(args[0], &h);
     if (!addr)
-        Py_RETURN_NONE;
+        return NULL;
     PyObject *got = recv_key_of(addr, args[1], timeout, lease == Py_True ? RDV_RECV_LEASED : 0, writable == Py_True,
                                 m->keys, m->descs);
     Py_DECREF(addr);
-    if (got && !PyLong_CheckExact(got))
-        return got; /* the view, or None: nothing done */
+    if (got == Py_None) { /* nothing done */
+        Py_DECREF(got);
+        Py_DECREF(h);
+        return NULL;
+    }
+    *declined = 0;
+    if (got && !PyLong_CheckExact(got)) {
+        Py_DECREF(h);
+        return got; /* the view */
+    }
     /* In line, or a message taken: handlers of signals that came meanwhile
-     * run now, so that none runs as went_on is entered, before its try. */
+     * run now, and what they raise goes to went_on with the rest. */
     if (got && PyErr_CheckSignals() < 0)
         Py_CLEAR(got);
-    if (!got) { /* raised after the core's call (a signal handler): went_on leaves the line, then raises it */
-        PyObject *type, *tb;
-        PyErr_Fetch(&type, &got, &tb);
-        PyErr_NormalizeException(&type, &got, &tb);
-        if (tb)
-            PyException_SetTraceback(got, tb);
-        Py_XDECREF(type);
-        Py_XDECREF(tb);
-        if (!got)
-            return NULL;
+    if (!got && !(got = raised())) {
+        Py_DECREF(h);
+        return NULL;
     }
-    PyObject *call[] = {args[0], args[1], timeout, lease, writable, got};
-    PyObject *r = PyObject_VectorcallMethod(went_on_name, call, 6, NULL);
+    PyObject *call[] = {args[0], h, args[1], timeout, lease, writable, got};
+    PyObject *r = PyObject_VectorcallMethod(went_on_name, call, 7, NULL);
     Py_DECREF(got);
+    if (!r) {
+        /* Raised with the receive still under way (a signal handler's
+         * exception as went_on was entered, before its first line, say):
+         * leave the line and give back what was taken, then raise it. */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (under_way()) {
+            PyObject *left[] = {args[0], h, lease};
+            PyObject *ok = PyObject_VectorcallMethod(gave_up_name, left, 3, NULL);
+            Py_XDECREF(ok);
+            PyErr_Clear(); /* the first exception is the one the caller sees */
+        }
+        PyErr_Restore(type, value, tb);
+    }
+    Py_DECREF(h);
     return r;
 }
 
@@ -843,10 +911,10 @@ static PyObject *method_call(Method *m, PyObject *const *args, size_t nargsf, Py
             if (r || PyErr_Occurred())
                 return r;
         } else {
-            PyObject *r = method_recv(m, args, nargs, kwnames);
-            if (r != Py_None)
+            int declined;
+            PyObject *r = method_recv(m, args, nargs, kwnames, &declined);
+            if (!declined)
                 return r;
-            Py_DECREF(r);
         }
     } else {
         PyErr_Clear();
@@ -889,6 +957,17 @@ static PyObject *method_wrapped(Method *m, void *unused) {
     Py_INCREF(m->wrapped);
     return m->wrapped;
 }
+
+/* Pickled by name, as the Python method was (rendezvous.Rendezvous.send). */
+static PyObject *method_reduce(Method *m, PyObject *unused) {
+    (void)unused;
+    return PyObject_GetAttrString(m->wrapped, "__qualname__");
+}
+
+static PyMethodDef method_methods[] = {
+    {"__reduce__", (PyCFunction)method_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
 
 static PyGetSetDef method_getset[] = {
     {"__doc__", (getter)method_doc, NULL, NULL, NULL},
@@ -933,6 +1012,7 @@ static PyTypeObject MethodType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_traverse = (traverseproc)method_traverse,
     .tp_clear = (inquiry)method_clear,
+    .tp_methods = method_methods,
     .tp_getset = method_getset,
     .tp_descr_get = method_get,
 };
@@ -1019,7 +1099,8 @@ static PyMethodDef methods[] = {
     {"view", (PyCFunction)(void (*)(void))view, METH_FASTCALL, "view(h, info, dtype, shape, writable)"},
     {"recv", (PyCFunction)(void (*)(void))recv, METH_FASTCALL,
      "recv(h, key, timeout_ns, flags, writable, info, waiter, descs)"},
-    {"keep_scratch", (PyCFunction)keep_scratch, METH_O, "keep_scratch(scratch): this thread's, for recv's hot path"},
+    {"keep_scratch", (PyCFunction)keep_scratch, METH_O, "keep_scratch(scratch): this thread's, in its state dict"},
+    {"scratch", (PyCFunction)scratch, METH_NOARGS, "scratch(): this thread's scratch, or None if it has none yet"},
     {"views", (PyCFunction)(void (*)(void))views, METH_FASTCALL, "views(h, infos, n, writable, descs, made)"},
     {"send_method", (PyCFunction)(void (*)(void))send_method, METH_FASTCALL,
      "send_method(wrapped, forms, keys, pending, async_recv): Rendezvous.send, its hot path in C"},
@@ -1046,8 +1127,9 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     writable_name = PyUnicode_InternFromString("writable");
     after_send_name = PyUnicode_InternFromString("after_send");
     went_on_name = PyUnicode_InternFromString("_recv_went_on");
+    gave_up_name = PyUnicode_InternFromString("_recv_gave_up");
     if (!scratch_key || !timeout_name || !lease_name || !writable_name ||
-        !after_send_name || !went_on_name ||
+        !after_send_name || !went_on_name || !gave_up_name ||
         PyModule_AddIntConstant(module, "FIRST_SLICE_NS", FIRST_SLICE_NS) < 0) {
         Py_DECREF(module);
         return NULL;

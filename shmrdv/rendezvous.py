@@ -5,7 +5,6 @@ import math
 import os
 import re
 import stat
-import threading
 import time
 import warnings
 import weakref
@@ -235,7 +234,6 @@ def _left(timeout_ns: int, step: int) -> int:
     return timeout_ns if timeout_ns < 0 else max(0, timeout_ns - step)
 
 
-_per_thread = threading.local()  # a reusable rdv_msg_info and waiter word per thread
 _async_pending = async_recv.pending  # recv_async futures outstanding in this process
 _LEASED = int(lib.RDV_RECV_LEASED)
 _RETRY = (-errno.ETIMEDOUT, -errno.EINTR)  # a receive's slice ran out, or a signal came
@@ -327,12 +325,14 @@ def size_mismatch(shape: Tuple[int, ...], dtype: np.dtype, nbytes: int) -> Segme
 def _thread_scratch() -> Tuple[Any, Any, Any, int, int]:
     """This thread's reusable rdv_msg_info, waiter word, the info's bytes
     (a buffer over it, made once: the descriptor is read through it), and
-    the info's and the waiter's addresses (for fast.recv)."""
-    scratch = getattr(_per_thread, "scratch", None)
+    the info's and the waiter's addresses (for fast.recv). Kept in the
+    thread's state dict (fast.keep_scratch), where recv's hot path finds it
+    too: one scratch per thread for both, let go when the thread ends."""
+    scratch = fast.scratch()
     if scratch is None:
         info, waiter = ffi.new("struct rdv_msg_info *"), ffi.new("uint32_t *")
-        scratch = _per_thread.scratch = (info, waiter, ffi.buffer(info), address(info), address(waiter))
-        fast.keep_scratch(scratch)  # for recv's hot path, which reads it from the thread's state
+        scratch = (info, waiter, ffi.buffer(info), address(info), address(waiter))
+        fast.keep_scratch(scratch)
     return scratch  # type: ignore[no-any-return]
 
 
@@ -1080,18 +1080,20 @@ class Rendezvous(fast.Handle):
         self._give_back(raw)
 
     def _recv(self, key: str, timeout: Optional[float], empty_ok: bool = False, lease: bool = False,
-              writable: bool = False, as_torch: bool = False, started: Optional[int] = None) -> Any:
+              writable: bool = False, as_torch: bool = False, started: Optional[int] = None,
+              handle: Any = None) -> Any:
         """A view (a tensor with as_torch); None if empty_ok and nothing is
-        queued. ``started``: the code recv's hot path (fast.recv_method) got, its first call
-        into the core made already (the thread's scratch as it left it)."""
+        queued. ``started``: the code recv's hot path (fast.recv_method) got,
+        its first call into the core made already with ``handle`` (the
+        thread's scratch as it left it)."""
         kb = _key_cache.get(key) if type(key) is str else None
         if kb is None:
             kb = _key_bytes(key)
         t = -1 if timeout is None else _timeout_ns(timeout)
-        h = self._h
+        h = self._h if handle is None else handle
         if h is None:
             h = self._handle()
-        scratch = getattr(_per_thread, "scratch", None)
+        scratch = fast.scratch()
         info, waiter, info_bytes, info_addr, waiter_addr = scratch if scratch is not None else _thread_scratch()
         flags = _LEASED if lease else 0
         step = t if 0 <= t <= _FIRST_SLICE_NS else _FIRST_SLICE_NS  # _first_step, inline
@@ -1141,6 +1143,12 @@ class Rendezvous(fast.Handle):
                 if rc == -errno.ETIMEDOUT and step == left:
                     rc = lib.rdv_recv_cancel(h, waiter, flags, which, info)
                     return 0 if rc == 1 else (-errno.ETIMEDOUT if rc == 0 else rc)
+                if rc not in _RETRY:
+                    # the handle was closed by another thread (its unmapping
+                    # took our place out of line) or the segment was cut:
+                    # nothing to wait for, no line to leave
+                    waiter[0] = 0
+                    return rc
             else:
                 if left == 0:
                     return -errno.ETIMEDOUT
@@ -1200,22 +1208,23 @@ class Rendezvous(fast.Handle):
             return self._recv(key, timeout, False, lease, writable, check_as_torch(as_torch, f"recv {key!r}"))
         return self._recv(key, timeout, False, lease, writable)
 
-    def _recv_went_on(self, key: str, timeout: Optional[float], lease: bool, writable: bool, got: Any) -> Any:
+    def _recv_went_on(self, h: Any, key: str, timeout: Optional[float], lease: bool, writable: bool, got: Any) -> Any:
         """Where recv's hot path (fast.recv_method) stopped after its call into
-        the core: ``got`` is that call's code (the thread's scratch as it left
-        it: in line, or a message taken whose descriptor is new), or the
-        exception raised after it (a signal handler's, Ctrl-C), which is
-        raised again once the line is left."""
-        h = self._h
-        flags = _LEASED if lease else 0
-        try:
-            if isinstance(got, BaseException):
-                raise got
-            return self._recv(key, timeout, False, lease, writable, False, got)
-        except BaseException:  # leave the line: put back a message handed over meanwhile
-            info, waiter = _thread_scratch()[:2]
-            self._leave_line(h, waiter, flags, ffi.NULL, info)
-            raise
+        the core with handle ``h``: ``got`` is that call's code (the thread's
+        scratch as it left it: in line, or a message taken whose descriptor
+        is new), or the exception raised after it (a signal handler's,
+        Ctrl-C). Whatever this raises with the receive still under way, the
+        hot path leaves the line for (``_recv_gave_up``) before it raises it:
+        its first line included, where a signal handler may run too."""
+        if isinstance(got, BaseException):
+            raise got
+        return self._recv(key, timeout, False, lease, writable, False, got, h)
+
+    def _recv_gave_up(self, h: Any, lease: bool) -> None:
+        """recv's hot path, raising: leave the line, put back a message handed
+        over meanwhile or taken and not yet a view's."""
+        info, waiter = _thread_scratch()[:2]
+        self._leave_line(h, waiter, _LEASED if lease else 0, ffi.NULL, info)
 
     def try_recv(self, key: str, *, lease: bool = False, writable: bool = False, as_torch: bool = False) -> Any:
         """Like ``recv`` but never blocks: the view, or None when nothing is

@@ -5,6 +5,7 @@ everything else, and never lose or leak a block."""
 import gc
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -403,3 +404,73 @@ def test_a_subclass_takes_the_hot_path_and_a_closed_handle_the_python_way(rdv_na
     finally:
         r.close()
         r.unlink()
+
+
+def test_the_methods_pickle_by_name_as_the_python_ones_did():
+    import pickle
+
+    for method in (shmrdv.Rendezvous.send, shmrdv.Rendezvous.recv):
+        assert pickle.loads(pickle.dumps(method)) is method
+
+
+@pytest.mark.timeout(60)
+def test_a_handle_closed_while_a_receive_waits_in_c_raises_closed_and_leaves_the_line(rdv_name):
+    """Another thread closes the handle during recv's first slice in C: the
+    receive goes on with the handle it started with, raises RendezvousError
+    (not a TypeError from a None handle), and is out of line."""
+    a = np.arange(3, dtype=np.int32)
+    for attempt in range(5):
+        r = shmrdv.Rendezvous(rdv_name, create=attempt == 0)
+        r.send("k", a)
+        r.recv("k")  # known: the next recv waits in C
+        errors = []
+
+        def receive():
+            try:
+                r.recv("k", timeout=5)
+            except BaseException as exc:  # noqa: B902 - the type is what is checked
+                errors.append(exc)
+
+        t = threading.Thread(target=receive)
+        t.start()
+        time.sleep(0.003)
+        r.close()
+        t.join(30)
+        assert not t.is_alive() and len(errors) == 1
+        assert isinstance(errors[0], shmrdv.RendezvousError), repr(errors[0])
+        with shmrdv.Rendezvous(rdv_name, create=False) as again:
+            assert again.stats().waiters == 0
+            again.send("k", a)  # a message sent now is there for the next receiver
+            assert np.array_equal(again.recv("k", timeout=5), a)
+    shmrdv.Rendezvous(rdv_name, create=False).unlink()
+
+
+@pytest.mark.parametrize("where", ["in line", "a message taken"])
+def test_an_exception_as_recv_goes_on_in_python_leaves_the_line_and_loses_nothing(rdv, monkeypatch, where):
+    """What a signal handler does when it runs as _recv_went_on is entered,
+    before its first line: the hot path itself leaves the line, or gives back
+    the message it took, then raises the exception."""
+    a = np.arange(5, dtype=np.int16)
+    rdv.send("k", a)
+    rdv.recv("k")  # the key is known: recv starts in C
+
+    def interrupted(*args):
+        raise Interrupted()
+
+    monkeypatch.setattr(type(rdv), "_recv_went_on", interrupted)
+    new_form = np.arange(6, dtype=np.float32).reshape(2, 3)
+    if where == "a message taken":
+        swap_caches(monkeypatch, _descs={})  # its descriptor is new: taken in C, viewed in Python
+        rdv.send("k", new_form)
+    with pytest.raises(Interrupted):
+        rdv.recv("k", timeout=1)  # in line after the first slice, or taken at once
+    monkeypatch.undo()
+    assert rdv.stats().waiters == 0
+    if where == "a message taken":
+        assert rdv.stats().pending_messages == 1  # given back to its key
+        got = rdv.recv("k", timeout=5)
+        assert got.shape == (2, 3) and np.array_equal(got, new_form)
+        del got
+    rdv.send("k", a)
+    assert np.array_equal(rdv.recv("k", timeout=5), a)
+    assert rdv.stats().bytes_used == 0
