@@ -339,6 +339,12 @@ static PyObject *thread_scratch(void) {
     return scratch && PyTuple_CheckExact(scratch) && PyTuple_GET_SIZE(scratch) == 5 ? scratch : NULL;
 }
 
+/* The addresses of the info and the waiter word a scratch holds: 0 with
+ * an exception if they are not addresses. */
+static int scratch_words(PyObject *scratch, void **info_p, void **waiter_p) {
+    return as_pointer(PyTuple_GET_ITEM(scratch, 3), info_p) && as_pointer(PyTuple_GET_ITEM(scratch, 4), waiter_p);
+}
+
 /* scratch(): this thread's scratch, or None if it has none yet. */
 static PyObject *scratch(PyObject *module, PyObject *unused) {
     (void)module;
@@ -392,8 +398,7 @@ static PyObject *recv_key_of(PyObject *h_addr, PyObject *key, PyObject *timeout,
             return NULL;
         Py_RETURN_NONE;
     }
-    if (!as_pointer(h_addr, &h) || !as_pointer(PyTuple_GET_ITEM(scratch, 3), &info_p) ||
-        !as_pointer(PyTuple_GET_ITEM(scratch, 4), &waiter_p))
+    if (!as_pointer(h_addr, &h) || !scratch_words(scratch, &info_p, &waiter_p))
         return NULL;
     Py_INCREF(kb); /* the key's bytes, while the GIL is released */
     PyObject *got = start_and_view(h, PyBytes_AS_STRING(kb), PyBytes_GET_SIZE(kb), step, flags, writable, info_p,
@@ -734,7 +739,8 @@ static PyTypeObject HandleType = {
  * decline, goes to the Python method it wraps (__wrapped__), which does it
  * all, as if this were not here. A receive that got further than the hot
  * path finishes (in line, a descriptor to parse, a signal handler's
- * exception after the core's call) goes on in rdv._recv_went_on. A method
+ * exception after the core's call) goes on in rdv._recv_went_on, and
+ * leaves the line through rdv._recv_gave_up if that raises. A method
  * descriptor: rdv.send(...) calls it with rdv first, making no bound
  * method. */
 enum { METHOD_SEND, METHOD_RECV };
@@ -818,8 +824,7 @@ static PyObject *method_send(Method *m, PyObject *const *args, Py_ssize_t nargs,
 static int under_way(void) {
     PyObject *scratch = thread_scratch();
     void *info_p, *waiter_p;
-    if (!scratch || !as_pointer(PyTuple_GET_ITEM(scratch, 3), &info_p) ||
-        !as_pointer(PyTuple_GET_ITEM(scratch, 4), &waiter_p)) {
+    if (!scratch || !scratch_words(scratch, &info_p, &waiter_p)) {
         PyErr_Clear();
         return 1; /* cannot tell: leaving the line is harmless when not in it */
     }
@@ -1114,6 +1119,16 @@ static struct PyModuleDef module_def = {
     NULL, NULL, NULL, NULL,
 };
 
+/* The module's attribute name: the type (a static one, made ready). */
+static int add_type(PyObject *module, const char *name, PyTypeObject *type) {
+    Py_INCREF(type); /* PyModule_AddObject steals it on success (PyModule_AddObjectRef is 3.10+) */
+    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__fastpath(void) {
     import_array();
     if (PyType_Ready(&PayloadType) < 0 || PyType_Ready(&MethodType) < 0 || PyType_Ready(&HandleType) < 0)
@@ -1134,22 +1149,8 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
         Py_DECREF(module);
         return NULL;
     }
-    Py_INCREF(&PayloadType); /* PyModule_AddObject steals it on success (PyModule_AddObjectRef is 3.10+) */
-    if (PyModule_AddObject(module, "Payload", (PyObject *)&PayloadType) < 0) {
-        Py_DECREF(&PayloadType);
+    if (add_type(module, "Payload", &PayloadType) < 0 || add_type(module, "Method", &MethodType) < 0 ||
+        add_type(module, "Handle", &HandleType) < 0)
         Py_CLEAR(module);
-        return NULL;
-    }
-    Py_INCREF(&MethodType);
-    if (PyModule_AddObject(module, "Method", (PyObject *)&MethodType) < 0) {
-        Py_DECREF(&MethodType);
-        Py_CLEAR(module);
-        return NULL;
-    }
-    Py_INCREF(&HandleType);
-    if (PyModule_AddObject(module, "Handle", (PyObject *)&HandleType) < 0) {
-        Py_DECREF(&HandleType);
-        Py_CLEAR(module);
-    }
     return module;
 }

@@ -1093,8 +1093,7 @@ class Rendezvous(fast.Handle):
         h = self._h if handle is None else handle
         if h is None:
             h = self._handle()
-        scratch = fast.scratch()
-        info, waiter, info_bytes, info_addr, waiter_addr = scratch if scratch is not None else _thread_scratch()
+        info, waiter, info_bytes, info_addr, waiter_addr = _thread_scratch()
         flags = _LEASED if lease else 0
         step = t if 0 <= t <= _FIRST_SLICE_NS else _FIRST_SLICE_NS  # _first_step, inline
         try:
