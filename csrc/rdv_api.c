@@ -37,21 +37,32 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
     struct rdv_deadline d = {.forever = 1, .at_ns = 0};
     struct rdv_header *khdr = h->khdr;
     int64_t next_reclaim_ns = INT64_MAX;
+    int wanting = 0; /* counted among the producers short of space (rdv_arena_want_space) */
+    int rc;
     for (;;) {
-        if (rdv_is_aborted(h))
-            return -ECONNABORTED;
+        if (rdv_is_aborted(h)) {
+            rc = -ECONNABORTED;
+            break;
+        }
         /* acquire: pairs with the release bump in wake_space() (rdv_arena.c)
          * after a free: a change after our failed attempt means space may
          * have appeared */
         uint32_t seen = smp_load_acquire(&khdr->arena.space_seq);
-        int rc = rdv_arena_alloc(h, meta + nbytes, pos);
-        if (rc == 0)
-            break;
+        rc = rdv_arena_alloc(h, meta + nbytes, pos);
         if (rc != -ENOSPC)
-            return rc;
-        if (timeout_ns == 0)
-            return -ETIMEDOUT;
-        if (next_reclaim_ns == INT64_MAX) { /* the first attempt failed: the wait starts now */
+            break;
+        if (timeout_ns == 0) {
+            rc = -ETIMEDOUT;
+            break;
+        }
+        if (!wanting) {
+            /* counted, so that no block is kept from us from now on; then
+             * one more attempt, which finds any kept before we counted */
+            rdv_arena_want_space(h, 1);
+            wanting = 1;
+            continue;
+        }
+        if (next_reclaim_ns == INT64_MAX) { /* the first attempts failed: the wait starts now */
             rdv_deadline_init(&d, timeout_ns);
             next_reclaim_ns = rdv_now_ns() + RDV_RECLAIM_EVERY_NS;
         }
@@ -65,8 +76,12 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
             next_reclaim_ns = rdv_now_ns() + RDV_RECLAIM_EVERY_NS;
         }
         if (rc < 0)
-            return rc;
+            break;
     }
+    if (wanting)
+        rdv_arena_want_space(h, 0);
+    if (rc < 0)
+        return rc;
 
     uint8_t *block = (uint8_t *)rdv_msg_at(h, *pos);
     struct rdv_msg *m = (struct rdv_msg *)block;
@@ -145,9 +160,10 @@ static int try_pop(rdv_t *h, const char *key, uint32_t key_len, uint32_t flags,
  * that is already queued is better than waiting for room: *got then says
  * so, out filled by try (which may be NULL), and rc is try's (0, or a
  * recv_any's which + 1). */
-static int alloc_waiters(rdv_t *h, uint32_t n, uint32_t *links, int64_t timeout_ns,
-                         int (*try)(rdv_t *, const void *, uint32_t, struct rdv_msg_info *),
-                         const void *arg, uint32_t flags, struct rdv_msg_info *out, int *got) {
+static int alloc_waiters_counted(rdv_t *h, uint32_t n, uint32_t *links, int64_t timeout_ns,
+                                 int (*try)(rdv_t *, const void *, uint32_t, struct rdv_msg_info *),
+                                 const void *arg, uint32_t flags, struct rdv_msg_info *out, int *got,
+                                 int *wanting) {
     struct rdv_deadline d;
     rdv_deadline_init(&d, timeout_ns);
     struct rdv_arena_ctl *ka = &h->khdr->arena;
@@ -167,10 +183,25 @@ static int alloc_waiters(rdv_t *h, uint32_t n, uint32_t *links, int64_t timeout_
         int64_t left;
         if (rdv_deadline_left(&d, &left) < 0)
             return -ETIMEDOUT;
+        if (!*wanting) { /* as in do_send_begin: counted, then once more */
+            rdv_arena_want_space(h, 1);
+            *wanting = 1;
+            continue;
+        }
         rc = rdv_wait_change(h, &ka->space_seq, &ka->space_sleepers, seen, &d);
         if (rc < 0)
             return rc;
     }
+}
+
+static int alloc_waiters(rdv_t *h, uint32_t n, uint32_t *links, int64_t timeout_ns,
+                         int (*try)(rdv_t *, const void *, uint32_t, struct rdv_msg_info *),
+                         const void *arg, uint32_t flags, struct rdv_msg_info *out, int *got) {
+    int wanting = 0;
+    int rc = alloc_waiters_counted(h, n, links, timeout_ns, try, arg, flags, out, got, &wanting);
+    if (wanting)
+        rdv_arena_want_space(h, 0);
+    return rc;
 }
 
 /* Unlink every record of the group led by `leader` (they wait on their
@@ -581,7 +612,7 @@ static int payload_pos(rdv_t *h, void *payload, uint64_t *pos);
 static int do_release_payload(rdv_t *h, void *payload) {
     uint64_t pos;
     int rc = payload_pos(h, payload, &pos);
-    return rc < 0 ? rc : rdv_arena_free(h, pos); /* checks that pos is a busy block */
+    return rc < 0 ? rc : rdv_arena_release(h, pos); /* checks that pos is a busy block */
 }
 
 /* ---- public entry points: each holds a reference on the mapping for the

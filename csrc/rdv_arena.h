@@ -16,6 +16,19 @@ int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos);
 /* Free the busy block at pos; -EINVAL if pos names no busy block (freed
  * already, or never allocated). Wakes producers waiting for space. */
 int rdv_arena_free(rdv_t *h, uint64_t pos);
+/* A received view's block, released by its receiver (us): kept for our
+ * next allocation (see "the kept block" in rdv_arena.c) or freed. -EINVAL
+ * as rdv_arena_free, and for a block kept already. */
+int rdv_arena_release(rdv_t *h, uint64_t pos);
+/* Free the block process entry `entry` keeps, if any; 1 if it freed one. For
+ * a producer short of space, and for whoever reclaims a dead entry. */
+int rdv_arena_drop_kept(rdv_t *h, uint32_t entry);
+/* A producer that found no space counts itself (want = 1) until it has
+ * room or gives up (want = 0): while any does, released views' blocks are
+ * freed, not kept. After counting itself it must try once more before it
+ * waits. rdv_arena_forget_wants: a dead entry's counts, by its reclaimer. */
+void rdv_arena_want_space(rdv_t *h, int want);
+void rdv_arena_forget_wants(rdv_t *h, uint32_t entry);
 /* Rebuild the allocator's derived state from the side table's start tags:
  * called by a reclaimer holding ctl.lock as the dead process that held it. */
 void rdv_arena_repair(rdv_t *h);

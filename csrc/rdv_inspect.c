@@ -24,19 +24,41 @@ static int do_stats(rdv_t *h, struct rdv_stats *out) {
         out->waiters += READ_ONCE(s->waiters);
     }
     rdv_arena_usage(h, &out->bytes_used, &out->bytes_free, &out->largest_free, &out->live_blocks);
-    /* Waiter slabs are counted apart from messages (a walk, so a moment
-     * apart from the snapshot above: a slab allocated in between is rare) */
+    /* Waiter slabs are counted apart from messages, kept blocks as free (a
+     * walk, so a moment apart from the snapshot above: a slab allocated in
+     * between is rare) */
     const struct rdv_msg *m;
+    /* The longest run of free and kept blocks: what a producer short of
+     * space finds once it has freed the kept ones (rdv_arena.c) */
+    uint64_t run_from = 0, longest = 0;
+    int any_kept = 0;
     for (uint32_t g = 0; (m = rdv_arena_next(h, &g)); rdv_arena_step(h, &g)) {
         uint64_t len;
         /* relaxed: a snapshot */
-        if (READ_ONCE(m->stage) == RDV_MSG_WAITERS && rdv_block_at(h, m->pos, &len) &&
-            out->bytes_used >= len && out->live_blocks) {
-            out->waiter_bytes += len;
+        uint32_t stage = READ_ONCE(m->stage);
+        int kept = stage == RDV_MSG_DELIVERED && (READ_ONCE(m->flags) & RDV_MSG_KEPT);
+        if (!kept) {
+            if (g - run_from > longest)
+                longest = g - run_from;
+            run_from = g + RDV_SIDE_LEN(READ_ONCE(h->kside[g]));
+        }
+        if ((stage == RDV_MSG_WAITERS || kept) && rdv_block_at(h, m->pos, &len) && out->bytes_used >= len &&
+            out->live_blocks) {
+            /* a kept block is free space its keeper's next send reuses, and
+             * a producer short of space frees */
+            if (kept)
+                out->bytes_free += len;
+            else
+                out->waiter_bytes += len;
             out->bytes_used -= len;
             out->live_blocks--;
+            any_kept |= kept;
         }
     }
+    if (run_from < h->granules && h->granules - run_from > longest)
+        longest = h->granules - run_from;
+    if (any_kept && longest * RDV_GRANULE > out->largest_free)
+        out->largest_free = longest * RDV_GRANULE;
     out->capacity = h->cap;
     out->max_keys = h->khdr->max_keys;
     out->aborted = rdv_is_aborted(h);
@@ -85,8 +107,8 @@ static int do_keys(rdv_t *h, struct rdv_key_info *out, uint32_t cap, uint32_t *n
 int rdv_keys(rdv_t *h, struct rdv_key_info *out, uint32_t cap, uint32_t *n) { WITH_REF(h, do_keys(h, out, cap, n)); }
 
 static void count_holding(struct rdv_proc_info *pi, const struct rdv_msg *m, uint64_t len) {
-    if (m->owner != pi->entry + 1)
-        return;
+    if (m->owner != pi->entry + 1 || (m->flags & RDV_MSG_KEPT))
+        return; /* a kept block is no view (rdv_arena.c) */
     if (m->stage == RDV_MSG_DELIVERED) {
         pi->views++;
         pi->view_bytes += len;

@@ -77,7 +77,11 @@ struct rdv_arena_ctl {
     /* CPU + 1 that the last bump of space_seq ran on, 0 unknown: a hint for
      * the spin of producers waiting for space (rdv_wait.c) */
     uint32_t space_waker_cpu;
-    uint8_t pad1[RDV_LINE - 12];
+    /* Producers short of space that have not given up (rdv_arena.c, "the
+     * kept block"): while any is, a released view's block is freed, never
+     * kept. Each counts itself in its process entry's wants_space too. */
+    uint32_t space_wanters;
+    uint8_t pad1[RDV_LINE - 16];
     uint32_t sl_bitmap[RDV_FL_COUNT]; /* bit s: list (f, s) is not empty */
     uint32_t heads[RDV_FL_COUNT][RDV_SL_COUNT]; /* first block of each list: granule + 1 */
     uint32_t pad2;
@@ -183,7 +187,14 @@ struct rdv_proc {
      * so a lock word that names a live entry holding nothing is damage. On
      * a line of its own from the bell's, which other processes write. */
     uint32_t locks_held;
-    uint32_t spare[RDV_PROC_SPARE - 6];
+    /* How many of this handle's producers count themselves in
+     * arena.space_wanters: whoever reclaims it takes them out of the count */
+    uint32_t wants_space;
+    /* The position + 1 of the block this handle keeps for its next send
+     * (rdv_arena.c, "the kept block"), or 0: written by its threads with
+     * atomic exchanges, taken by a producer short of space with a CAS. */
+    uint64_t kept_pos;
+    uint32_t spare[RDV_PROC_SPARE - 9];
     /* A mark change in progress (rdv_send_commit_marked, rdv_mark_set), so
      * that whoever reclaims us after a death in the middle can roll the mark
      * back if the change did not happen. One at a time per handle
@@ -202,6 +213,7 @@ _Static_assert(offsetof(struct rdv_proc, bell) == 16, "bell");
 _Static_assert(offsetof(struct rdv_proc, mark_state) == 44 + 4 * RDV_PROC_SPARE, "mark record");
 _Static_assert(offsetof(struct rdv_proc, key_count) == 32, "key count is word-aligned");
 _Static_assert(offsetof(struct rdv_proc, locks_held) == RDV_LINE, "locks_held starts line 1");
+_Static_assert(offsetof(struct rdv_proc, kept_pos) == RDV_LINE + 8, "the kept block, on our own line");
 
 #define RDV_KC_SLOT_BITS 26 /* slot + 1 <= 2 * RDV_MAX_KEYS = 2^25 */
 #define RDV_KC_DELETE (1ull << RDV_KC_SLOT_BITS)
@@ -273,7 +285,7 @@ struct rdv_msg {
     uint8_t stage;        /* RDV_MSG_*: who may hold the block (see owner) */
     uint32_t sender_cpu;  /* CPU the sender ran on: a hint for the receiver's spin */
     uint16_t owner;       /* process entry + 1 of the writer / receiver, 0 = none */
-    uint16_t flags;       /* RDV_MSG_LEASED; written with stage, by the same holder */
+    uint16_t flags;       /* RDV_MSG_LEASED, HANDED, KEPT; written with stage, by the same holder */
     char dtype[RDV_DTYPE_MAX];
 };
 
@@ -292,6 +304,10 @@ enum { RDV_MSG_WRITING = 1, RDV_MSG_QUEUED = 2, RDV_MSG_DELIVERED = 3 };
  * Goes back to the head of its key if the receiver dies, as a leased view
  * does; the receiver's take clears it. */
 #define RDV_MSG_HANDED 2u
+/* flags: a DELIVERED block whose view its receiver has released, kept by
+ * that receiver for its next send instead of freed (rdv_arena.c, "the kept
+ * block"): no longer a view, freed like one when its owner dies or closes. */
+#define RDV_MSG_KEPT 4u
 /* stage of a block that holds waiter records (a slab) rather than a
  * message: owned by one handle, freed when it closes or dies. */
 #define RDV_MSG_WAITERS 4

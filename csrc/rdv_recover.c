@@ -121,6 +121,7 @@ static void reclaim_entry(rdv_t *h, uint32_t dead) {
     rdv_mark_recover(h, dead);
     reclaim_waiters(h, dead);
     rdv_lease_recover(h, dead);
+    rdv_arena_forget_wants(h, dead); /* its kept block, and its count among producers short of space */
     /* Step 5: nobody else changes the dead's blocks, so the lock-free walk
      * sees every one of them. */
     struct rdv_msg *m;

@@ -1,4 +1,4 @@
-"""A segment's bytes as a test sees them: the layout (version 7) and helpers that read and
+"""A segment's bytes as a test sees them: the layout (version 8) and helpers that read and
 poke it, to put a segment in the state a death or damage leaves. One place for every offset
 the tests rely on; csrc/rdv_layout.h pins the same offsets with _Static_asserts."""
 import mmap
@@ -18,19 +18,21 @@ SEG_FLAGS = 64 + 32  # RDV_CREATE_* of the creator
 PROC_ENTRY = 256
 KEY_COUNT = 32  # in a process entry: net << 27 | change in progress
 MARK_RECORD = 44 + 4 * 43  # in a process entry
+WANTS_SPACE, KEPT_POS = 64 + 4, 64 + 8  # in a process entry: the kept block (rdv_arena.c)
 DEAD = 100  # a process-table entry that no live process holds
 
 BUSY, FREE, END = 0x40000000, 0x80000000, 0xC0000000
 SL_BITS, SL_COUNT, FL_COUNT = 4, 16, GRANULE_BITS - 4 + 1
 # struct rdv_arena_ctl
 CTL_LOCK, CTL_CURSOR, CTL_SEQ, CTL_LIVE_BYTES, CTL_FREE_BYTES, CTL_LIVE_BLOCKS, CTL_FL = 0, 4, 8, 16, 24, 32, 40
+CTL_SPACE_WANTERS = 64 + 12
 CTL_SL, CTL_HEADS = 128, 128 + 4 * FL_COUNT
 # struct rdv_slot
 SLOT_STATE, SLOT_Q_HEAD, SLOT_Q_TAIL, SLOT_COUNT = 8, 40, 44, 48
 # struct rdv_msg
 MSG_POS, STAGE, OWNER, FLAGS = 16, 31, 36, 38
 WRITING, QUEUED, DELIVERED = 1, 2, 3
-LEASED = 1
+LEASED, KEPT = 1, 4
 
 
 def kind(v):

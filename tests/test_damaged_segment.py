@@ -122,7 +122,8 @@ def test_an_old_layout_version_is_named_with_ours(pristine, rdv_name):
     path = segment_path(rdv_name)
     write_segment_file(path, bytes(raw))
     try:
-        with pytest.raises(shmrdv.SegmentMismatch, match=r"layout version 6, this shmrdv uses version 7.*shmrdv rm"):
+        ours = shmrdv.limits.LAYOUT_VERSION
+        with pytest.raises(shmrdv.SegmentMismatch, match=rf"layout version 6, this shmrdv uses version {ours}.*shmrdv rm"):
             shmrdv.Rendezvous(rdv_name, create=False)
     finally:
         os.unlink(path)
