@@ -224,7 +224,8 @@ static uint64_t carve(rdv_t *h, uint32_t g, uint32_t len, uint32_t need) {
         set_side(h, g + need, RDV_SIDE_FREE | rest);
         set_side(h, g + len - 1, RDV_SIDE_END | rest);
     }
-    uint64_t pos = rdv_pos_make(ka->alloc_seq++ & SEQ_MASK, g);
+    /* atomic: take_kept numbers reused blocks without the lock */
+    uint64_t pos = rdv_pos_make(rdv_fetch_add(&ka->alloc_seq, 1, __ATOMIC_RELAXED) & SEQ_MASK, g);
     /* The header names its holder before the block is published: a
      * producer killed before it writes the rest is still found as the
      * owner of a WRITING block, and its space comes back. */
@@ -360,31 +361,50 @@ void rdv_arena_init(rdv_t *h) {
  * takes the arena's lock or touches its lists and side entries, which the
  * other side wrote last: each would move cache lines between CPUs.
  * Measured with two processes pinned apart (64 B, C calls): a round trip
- * of 0.68 us became 0.56 us, and 1.85 us became 1.47 us when the VM's vCPUs
+ * of 0.70 us became 0.54 us, and 1.86 us became 1.74 us when the VM's vCPUs
  * moved lines slowly (docs/architecture.md, "The kept block").
  *
  * A kept block stays busy: DELIVERED, owned by its keeper, flags
  * RDV_MSG_KEPT; its position + 1 is in the keeper's process entry
  * (kept_pos; 0 is none, and the first block's position is 0).
- * kept_pos == p + 1 means block p is kept: the keeper marks the block before it
- * publishes it there and takes it out (an exchange) before it changes the
- * block again, so whoever takes it out of kept_pos (the exchange, or another
- * process's compare-and-swap) owns the block. A death between any two of
- * these stores leaves a block DELIVERED or WRITING and owned by the dead:
- * its reclaimer frees it as it frees the views the dead held.
+ * kept_pos == p + 1 means block p is kept: the keeper marks the block
+ * before it publishes it there and takes it out (an exchange) before it
+ * changes the block again, so whoever takes it out of kept_pos (the
+ * exchange, or another process's compare-and-swap) owns the block. Reuse
+ * gives the block a new position (the next allocation number), as carve
+ * does: positions stay unique, so stale ones are refused and leased views
+ * keep their allocation order (rdv_lease.c).
+ *
+ * Crash safety. A death between any two of the keeper's stores leaves a
+ * block DELIVERED or WRITING and owned by the dead: its reclaimer frees it
+ * as it frees the views the dead held. A process that takes another's kept
+ * block to free it names it in its own entry first (dropping), so that if
+ * it dies before the free its reclaimer frees the block.
  *
  * Space. At most one block per handle, of at most KEEP_MAX_BYTES and 1/64
- * of the arena. A producer that finds no room frees every kept block (its
- * own and other processes') before it waits, and counts itself in
- * space_wanters; while any producer is counted, releases free. The count
- * and kept_pos pair as a Dekker handshake (a full barrier between each
- * side's store and its load), so either the keeper sees the producer and
- * frees, or the producer's next attempt finds the kept block. */
+ * of the arena. A producer that finds no room sets its entry's bit in
+ * space_wanting, then frees every kept block (its own and other
+ * processes') and tries again before it waits; while any bit is set,
+ * releases free. The bits and kept_pos pair as a Dekker handshake (a full
+ * barrier between each side's store and its load): either the keeper sees
+ * the producer and frees, which wakes it, or the producer's next attempt
+ * finds the kept block. */
 #define KEEP_MAX_BYTES 8192u
+#define WANT_WORDS (RDV_MAX_PROCS / 64)
 
 static uint32_t keep_max_granules(const rdv_t *h) {
     uint32_t cap = h->granules / 64;
     return cap < KEEP_MAX_BYTES / RDV_GRANULE ? cap : KEEP_MAX_BYTES / RDV_GRANULE;
+}
+
+/* Whether a producer is short of space. Relaxed: the caller orders it
+ * after its own store with a full barrier where the handshake needs it. */
+static int space_wanted(const rdv_t *h) {
+    const uint64_t *w = h->khdr->arena.space_wanting;
+    uint64_t any = 0;
+    for (uint32_t i = 0; i < WANT_WORDS; i++)
+        any |= READ_ONCE(w[i]);
+    return any != 0;
 }
 
 /* Block pos, if process entry `entry` keeps it. */
@@ -398,26 +418,34 @@ static struct rdv_msg *kept_block(rdv_t *h, uint64_t pos, uint32_t entry, uint64
                : NULL;
 }
 
+/* kept_pos just published our block (seq_cst): if a producer wants space,
+ * free it after all. The barrier orders our publish before the look at the
+ * bits; pairs with the one in rdv_arena_want_space. */
+static void unless_wanted(rdv_t *h) {
+    smp_mb();
+    if (space_wanted(h))
+        rdv_arena_drop_kept(h, h->me);
+}
+
 int rdv_arena_release(rdv_t *h, uint64_t pos) {
     uint64_t len;
     struct rdv_msg *m = rdv_block_at(h, pos, &len);
-    /* relaxed: our own view's header, changed by nobody else while we hold it */
-    if (!m || (READ_ONCE(m->flags) & RDV_MSG_KEPT))
-        return -EINVAL; /* not a busy block, or kept already: not a view */
     struct rdv_proc *me = &h->kprocs[h->me];
-    struct rdv_arena_ctl *ka = &h->khdr->arena;
-    /* relaxed: hints; the exchange below and the handshake decide */
-    if (len <= (uint64_t)keep_max_granules(h) * RDV_GRANULE && READ_ONCE(m->stage) == RDV_MSG_DELIVERED &&
-        READ_ONCE(m->owner) == h->me + 1 && READ_ONCE(me->kept_pos) == 0 && READ_ONCE(ka->space_wanters) == 0) {
-        WRITE_ONCE(m->flags, RDV_MSG_KEPT); /* no longer a view: not given back if we die (lease) */
+    /* relaxed: our own entry's word, changed by our own threads (and by a
+     * producer taking it, after which it no longer names pos) */
+    uint64_t kept = READ_ONCE(me->kept_pos);
+    if (!m || kept == pos + 1)
+        return -EINVAL; /* not a busy block, or our kept block: no view */
+    /* relaxed: our own view's header, changed by nobody else while we hold
+     * it; the bits are a hint here, the handshake below decides */
+    if (kept == 0 && len <= (uint64_t)keep_max_granules(h) * RDV_GRANULE &&
+        READ_ONCE(m->stage) == RDV_MSG_DELIVERED && READ_ONCE(m->owner) == h->me + 1 && !space_wanted(h)) {
+        WRITE_ONCE(m->flags, RDV_MSG_KEPT); /* no longer a view: never given back (lease) */
         uint64_t none = 0;
-        /* seq_cst: publishes the mark above to whoever takes pos out (their
-         * acquire), and is the handshake's store before its load */
+        /* seq_cst: publishes the mark above to whoever takes the block out
+         * (their acquire), and is the handshake's store */
         if (rdv_cas(&me->kept_pos, &none, pos + 1, __ATOMIC_SEQ_CST)) {
-            smp_mb();
-            /* relaxed after the barrier: pairs with rdv_arena_want_space's */
-            if (READ_ONCE(ka->space_wanters))
-                rdv_arena_drop_kept(h, h->me); /* a producer came meanwhile: freed after all */
+            unless_wanted(h);
             return 0;
         }
     }
@@ -434,6 +462,43 @@ int rdv_arena_drop_kept(rdv_t *h, uint32_t entry) {
     return kept_block(h, kept - 1, entry, &len) && rdv_arena_free(h, kept - 1) == 0;
 }
 
+/* rdv_arena_drop_kept of a live entry's block (not ours): named in our
+ * entry first, so that our reclaimer frees it if we die before we do (the
+ * block is its keeper's, who would no longer look at it). Called with
+ * drop_lock held. A dead entry's block needs no record: its reclaimer frees
+ * it with the dead's other views. */
+static int drop_recorded(rdv_t *h, uint32_t entry) {
+    struct rdv_proc *p = &h->kprocs[entry], *me = &h->kprocs[h->me];
+    /* relaxed: a first look */
+    uint64_t kept = READ_ONCE(p->kept_pos), len;
+    if (!kept)
+        return 0;
+    /* relaxed: read by our reclaimer only, after our death (the byte lock
+     * it takes orders them); dropping last, as the record's commit, and
+     * both before the CAS (its seq_cst orders them) */
+    WRITE_ONCE(me->dropping_entry, entry);
+    WRITE_ONCE(me->dropping, kept);
+    /* seq_cst: as the acquire in rdv_arena_drop_kept, and after the record */
+    int freed = rdv_cas(&p->kept_pos, &kept, 0, __ATOMIC_SEQ_CST) && kept_block(h, kept - 1, entry, &len) &&
+                rdv_arena_free(h, kept - 1) == 0;
+    WRITE_ONCE(me->dropping, 0);
+    return freed;
+}
+
+/* A dead entry's step that took a kept block, finished: the block is freed
+ * if its keeper no longer names it (the CAS happened) and still keeps it. */
+static void finish_dropping(rdv_t *h, uint32_t dead) {
+    struct rdv_proc *p = &h->kprocs[dead];
+    /* relaxed: the dead's words; nobody else changes them now */
+    uint64_t kept = READ_ONCE(p->dropping);
+    uint32_t entry = READ_ONCE(p->dropping_entry);
+    uint64_t len;
+    if (kept && entry < RDV_MAX_PROCS && READ_ONCE(h->kprocs[entry].kept_pos) != kept &&
+        kept_block(h, kept - 1, entry, &len))
+        rdv_arena_free(h, kept - 1);
+    WRITE_ONCE(p->dropping, 0);
+}
+
 /* Our kept block, made the new allocation if it fits need granules: 1. */
 static int take_kept(rdv_t *h, uint32_t need, uint64_t *pos) {
     struct rdv_proc *me = &h->kprocs[h->me];
@@ -441,63 +506,91 @@ static int take_kept(rdv_t *h, uint32_t need, uint64_t *pos) {
     if (!READ_ONCE(me->kept_pos))
         return 0;
     /* acquire: as in rdv_arena_drop_kept */
-    uint64_t kept = rdv_exchange(&me->kept_pos, 0, __ATOMIC_ACQUIRE), p = kept - 1, len;
-    struct rdv_msg *m = kept ? kept_block(h, p, h->me, &len) : NULL;
+    uint64_t kept = rdv_exchange(&me->kept_pos, 0, __ATOMIC_ACQUIRE), len;
+    struct rdv_msg *m = kept ? kept_block(h, kept - 1, h->me, &len) : NULL;
     if (!m)
         return 0; /* taken by a producer short of space meanwhile (or damage) */
     uint64_t have = len / RDV_GRANULE;
     /* no more spare room than a block cut from a free run may get (carve) */
     if (have < need || have - need >= RDV_MIN_BLOCK) {
         uint64_t none = 0;
-        /* release: back as it was (still marked); someone else's meanwhile wins */
-        if (!rdv_cas(&me->kept_pos, &none, kept, __ATOMIC_RELEASE))
-            rdv_arena_free(h, p);
+        /* seq_cst: back as it was (still marked), the handshake's store as
+         * in rdv_arena_release; another thread's block meanwhile wins */
+        if (rdv_cas(&me->kept_pos, &none, kept, __ATOMIC_SEQ_CST))
+            unless_wanted(h);
+        else
+            rdv_arena_free(h, kept - 1);
         return 0;
     }
-    /* As carve leaves a new block: WRITING first, so that a death from here
-     * on leaves a block its reclaimer frees as one we were writing. */
+    /* As carve leaves a new block. These stores may land in any order: a
+     * death between them leaves a block owned by us, DELIVERED (flags
+     * KEPT or none: freed, never given back) or WRITING (freed), under a
+     * position that names it either way. */
+    uint32_t g = (uint32_t)rdv_pos_granule(kept - 1);
     WRITE_ONCE(m->stage, RDV_MSG_WRITING);
     m->flags = 0;
     m->payload_off = 0;
-    *pos = p;
+    /* relaxed: the number only needs to be unique; carve's increment is
+     * under the lock, ours is not, so both are atomic */
+    m->pos = rdv_pos_make(rdv_fetch_add(&h->khdr->arena.alloc_seq, 1, __ATOMIC_RELAXED) & SEQ_MASK, g);
+    *pos = m->pos;
     return 1;
 }
 
 /* Drop every kept block: 1 if any was freed. For a producer with no room. */
 static int drop_all_kept(rdv_t *h) {
     int any = 0;
+    pthread_mutex_lock(&h->drop_lock);
     for (uint32_t i = 0; i < RDV_MAX_PROCS; i++)
-        any |= rdv_arena_drop_kept(h, i);
+        any |= i == h->me ? rdv_arena_drop_kept(h, i) : drop_recorded(h, i);
+    pthread_mutex_unlock(&h->drop_lock);
     return any;
 }
 
 void rdv_arena_want_space(rdv_t *h, int want) {
-    struct rdv_arena_ctl *ka = &h->khdr->arena;
-    struct rdv_proc *me = &h->kprocs[h->me];
-    /* Counted globally before locally, uncounted locally before globally: a
-     * death between the two leaves the count one too high (releases free
-     * until the reclaimer corrects it), never too low. */
-    if (want) {
-        /* seq_cst, then a full barrier: the handshake's store before the
-         * producer's next look at kept_pos (pairs with rdv_arena_release) */
-        rdv_fetch_add(&ka->space_wanters, 1, __ATOMIC_SEQ_CST);
-        rdv_fetch_add(&me->wants_space, 1, __ATOMIC_RELAXED);
+    uint64_t *word = &h->khdr->arena.space_wanting[h->me / 64], bit = 1ull << (h->me % 64);
+    /* Our threads count in want_count; our bit is set while any does. */
+    pthread_mutex_lock(&h->want_lock);
+    if (want && h->want_count++ == 0)
+        /* seq_cst: the handshake's store (pairs with unless_wanted) */
+        rdv_fetch_or(word, bit, __ATOMIC_SEQ_CST);
+    else if (!want && --h->want_count == 0)
+        rdv_fetch_and(word, ~bit, __ATOMIC_RELAXED); /* nothing to publish */
+    pthread_mutex_unlock(&h->want_lock);
+    /* the barrier between the store (ours, or another thread's before it
+     * let go of the mutex) and our next look at kept_pos */
+    if (want)
         smp_mb();
-    } else {
-        rdv_fetch_add(&me->wants_space, (uint32_t)-1, __ATOMIC_RELAXED);
-        /* release: nothing to publish; relaxed would do, kept for symmetry */
-        rdv_fetch_add(&ka->space_wanters, (uint32_t)-1, __ATOMIC_RELEASE);
-    }
 }
 
 void rdv_arena_forget_wants(rdv_t *h, uint32_t entry) {
-    struct rdv_proc *p = &h->kprocs[entry];
-    /* relaxed: the dead's words; nobody else changes them now */
-    uint32_t n = rdv_exchange(&p->wants_space, 0, __ATOMIC_RELAXED);
-    uint32_t total = READ_ONCE(h->khdr->arena.space_wanters);
-    if (n && n <= total) /* damage could say more than the total: then leave it */
-        rdv_fetch_add(&h->khdr->arena.space_wanters, (uint32_t)-n, __ATOMIC_RELAXED);
+    /* relaxed: the entry is dead (or closing: ours, no producer left) */
+    rdv_fetch_and(&h->khdr->arena.space_wanting[entry / 64], ~(1ull << (entry % 64)), __ATOMIC_RELAXED);
+    finish_dropping(h, entry);
     rdv_arena_drop_kept(h, entry);
+}
+
+uint64_t rdv_arena_largest_run(rdv_t *h) {
+    /* The chain of start tags, lock-free (a snapshot: a block that changes
+     * under us may be misread, as stats may be a moment apart) */
+    uint64_t run = 0, longest = 0;
+    for (uint32_t g = 0; g < h->granules;) {
+        /* acquire: as in rdv_block_at */
+        uint32_t v = smp_load_acquire(&h->kside[g]), n = RDV_SIDE_LEN(v);
+        if ((RDV_SIDE_KIND(v) != RDV_SIDE_BUSY && RDV_SIDE_KIND(v) != RDV_SIDE_FREE) || n == 0 ||
+            n > h->granules - g)
+            break; /* damage, or a block changing: what we have so far */
+        uint64_t len;
+        const struct rdv_msg *m = (const struct rdv_msg *)(h->karena + (uint64_t)g * RDV_GRANULE);
+        int kept = RDV_SIDE_KIND(v) == RDV_SIDE_BUSY && rdv_pos_granule(m->pos) == g &&
+                   rdv_block_at(h, m->pos, &len) && READ_ONCE(m->stage) == RDV_MSG_DELIVERED &&
+                   READ_ONCE(m->flags) == RDV_MSG_KEPT;
+        run = RDV_SIDE_KIND(v) == RDV_SIDE_FREE || kept ? run + n : 0;
+        if (run > longest)
+            longest = run;
+        g += n;
+    }
+    return longest * RDV_GRANULE;
 }
 
 /* A block of need granules from the free lists, under the lock. */

@@ -26,9 +26,14 @@ int rdv_arena_drop_kept(rdv_t *h, uint32_t entry);
 /* A producer that found no space counts itself (want = 1) until it has
  * room or gives up (want = 0): while any does, released views' blocks are
  * freed, not kept. After counting itself it must try once more before it
- * waits. rdv_arena_forget_wants: a dead entry's counts, by its reclaimer. */
+ * waits. rdv_arena_forget_wants: what a dead (or closing) entry leaves of
+ * this (its count, its kept block, a kept block it was freeing), by its
+ * reclaimer. */
 void rdv_arena_want_space(rdv_t *h, int want);
 void rdv_arena_forget_wants(rdv_t *h, uint32_t entry);
+/* The longest run of free and kept blocks, in bytes: the largest block a
+ * producer finds once it has freed the kept ones. A lock-free snapshot. */
+uint64_t rdv_arena_largest_run(rdv_t *h);
 /* Rebuild the allocator's derived state from the side table's start tags:
  * called by a reclaimer holding ctl.lock as the dead process that held it. */
 void rdv_arena_repair(rdv_t *h);

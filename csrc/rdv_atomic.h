@@ -28,6 +28,7 @@
     __atomic_compare_exchange_n((p), (expected), (desired), 0, (order), __ATOMIC_RELAXED)
 #define rdv_fetch_add(p, v, order) __atomic_fetch_add((p), (v), (order))
 #define rdv_fetch_or(p, v, order) __atomic_fetch_or((p), (v), (order))
+#define rdv_fetch_and(p, v, order) __atomic_fetch_and((p), (v), (order))
 #define rdv_exchange(p, v, order) __atomic_exchange_n((p), (v), (order))
 
 static inline void rdv_cpu_relax(void) {

@@ -70,6 +70,13 @@ struct rdv {
     uint32_t *free_waiters;
     uint32_t n_free, cap_free;
     uint32_t any_turn; /* where the next rdv_recv_any_start begins its turn */
+    /* Our producers short of space (rdv_arena_want_space): the first sets
+     * our bit of arena.space_wanting, the last clears it */
+    pthread_mutex_t want_lock;
+    uint32_t want_count;
+    /* One taking of other entries' kept blocks at a time: our entry has one
+     * record of it (dropping) */
+    pthread_mutex_t drop_lock;
 };
 
 #endif

@@ -28,20 +28,12 @@ static int do_stats(rdv_t *h, struct rdv_stats *out) {
      * walk, so a moment apart from the snapshot above: a slab allocated in
      * between is rare) */
     const struct rdv_msg *m;
-    /* The longest run of free and kept blocks: what a producer short of
-     * space finds once it has freed the kept ones (rdv_arena.c) */
-    uint64_t run_from = 0, longest = 0;
     int any_kept = 0;
     for (uint32_t g = 0; (m = rdv_arena_next(h, &g)); rdv_arena_step(h, &g)) {
         uint64_t len;
         /* relaxed: a snapshot */
         uint32_t stage = READ_ONCE(m->stage);
         int kept = stage == RDV_MSG_DELIVERED && (READ_ONCE(m->flags) & RDV_MSG_KEPT);
-        if (!kept) {
-            if (g - run_from > longest)
-                longest = g - run_from;
-            run_from = g + RDV_SIDE_LEN(READ_ONCE(h->kside[g]));
-        }
         if ((stage == RDV_MSG_WAITERS || kept) && rdv_block_at(h, m->pos, &len) && out->bytes_used >= len &&
             out->live_blocks) {
             /* a kept block is free space its keeper's next send reuses, and
@@ -55,10 +47,11 @@ static int do_stats(rdv_t *h, struct rdv_stats *out) {
             any_kept |= kept;
         }
     }
-    if (run_from < h->granules && h->granules - run_from > longest)
-        longest = h->granules - run_from;
-    if (any_kept && longest * RDV_GRANULE > out->largest_free)
-        out->largest_free = longest * RDV_GRANULE;
+    if (any_kept) { /* what a producer short of space finds once it has freed them */
+        uint64_t longest = rdv_arena_largest_run(h);
+        if (longest > out->largest_free)
+            out->largest_free = longest;
+    }
     out->capacity = h->cap;
     out->max_keys = h->khdr->max_keys;
     out->aborted = rdv_is_aborted(h);

@@ -77,11 +77,12 @@ struct rdv_arena_ctl {
     /* CPU + 1 that the last bump of space_seq ran on, 0 unknown: a hint for
      * the spin of producers waiting for space (rdv_wait.c) */
     uint32_t space_waker_cpu;
-    /* Producers short of space that have not given up (rdv_arena.c, "the
-     * kept block"): while any is, a released view's block is freed, never
-     * kept. Each counts itself in its process entry's wants_space too. */
-    uint32_t space_wanters;
-    uint8_t pad1[RDV_LINE - 16];
+    uint32_t pad1a;
+    /* Bit i: a producer of process entry i is short of space and has not
+     * given up (rdv_arena.c, "the kept block"): while any bit is set, a
+     * released view's block is freed, never kept. */
+    uint64_t space_wanting[RDV_MAX_PROCS / 64];
+    uint8_t pad1[RDV_LINE - 16 - 8 * (RDV_MAX_PROCS / 64)];
     uint32_t sl_bitmap[RDV_FL_COUNT]; /* bit s: list (f, s) is not empty */
     uint32_t heads[RDV_FL_COUNT][RDV_SL_COUNT]; /* first block of each list: granule + 1 */
     uint32_t pad2;
@@ -187,14 +188,15 @@ struct rdv_proc {
      * so a lock word that names a live entry holding nothing is damage. On
      * a line of its own from the bell's, which other processes write. */
     uint32_t locks_held;
-    /* How many of this handle's producers count themselves in
-     * arena.space_wanters: whoever reclaims it takes them out of the count */
-    uint32_t wants_space;
-    /* The position + 1 of the block this handle keeps for its next send
-     * (rdv_arena.c, "the kept block"), or 0: written by its threads with
-     * atomic exchanges, taken by a producer short of space with a CAS. */
+    /* The kept block (rdv_arena.c): the position + 1 of the block this
+     * handle keeps for its next send, or 0, written by its threads with
+     * atomic exchanges and taken by a producer short of space with a CAS;
+     * and the kept block this handle is taking from entry dropping_entry to
+     * free (position + 1, or 0), for its reclaimer to finish. */
+    uint32_t dropping_entry;
     uint64_t kept_pos;
-    uint32_t spare[RDV_PROC_SPARE - 9];
+    uint64_t dropping;
+    uint32_t spare[RDV_PROC_SPARE - 11];
     /* A mark change in progress (rdv_send_commit_marked, rdv_mark_set), so
      * that whoever reclaims us after a death in the middle can roll the mark
      * back if the change did not happen. One at a time per handle
@@ -214,6 +216,7 @@ _Static_assert(offsetof(struct rdv_proc, mark_state) == 44 + 4 * RDV_PROC_SPARE,
 _Static_assert(offsetof(struct rdv_proc, key_count) == 32, "key count is word-aligned");
 _Static_assert(offsetof(struct rdv_proc, locks_held) == RDV_LINE, "locks_held starts line 1");
 _Static_assert(offsetof(struct rdv_proc, kept_pos) == RDV_LINE + 8, "the kept block, on our own line");
+_Static_assert(RDV_MAX_PROCS % 64 == 0, "space_wanting is whole words");
 
 #define RDV_KC_SLOT_BITS 26 /* slot + 1 <= 2 * RDV_MAX_KEYS = 2^25 */
 #define RDV_KC_DELETE (1ull << RDV_KC_SLOT_BITS)

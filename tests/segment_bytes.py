@@ -18,14 +18,16 @@ SEG_FLAGS = 64 + 32  # RDV_CREATE_* of the creator
 PROC_ENTRY = 256
 KEY_COUNT = 32  # in a process entry: net << 27 | change in progress
 MARK_RECORD = 44 + 4 * 43  # in a process entry
-WANTS_SPACE, KEPT_POS = 64 + 4, 64 + 8  # in a process entry: the kept block (rdv_arena.c)
+# in a process entry, the kept block (rdv_arena.c): the entry a kept block is being freed
+# from, the entry's own kept block (position + 1) and the one being freed (position + 1)
+DROPPING_ENTRY, KEPT_POS, DROPPING = 64 + 4, 64 + 8, 64 + 16
 DEAD = 100  # a process-table entry that no live process holds
 
 BUSY, FREE, END = 0x40000000, 0x80000000, 0xC0000000
 SL_BITS, SL_COUNT, FL_COUNT = 4, 16, GRANULE_BITS - 4 + 1
 # struct rdv_arena_ctl
 CTL_LOCK, CTL_CURSOR, CTL_SEQ, CTL_LIVE_BYTES, CTL_FREE_BYTES, CTL_LIVE_BLOCKS, CTL_FL = 0, 4, 8, 16, 24, 32, 40
-CTL_SPACE_WANTERS = 64 + 12
+CTL_SPACE_WANTING = 64 + 16  # two u64: a bit per process entry short of space
 CTL_SL, CTL_HEADS = 128, 128 + 4 * FL_COUNT
 # struct rdv_slot
 SLOT_STATE, SLOT_Q_HEAD, SLOT_Q_TAIL, SLOT_COUNT = 8, 40, 44, 48

@@ -15,8 +15,8 @@ import pytest
 import shmrdv
 
 from .segment_bytes import (
-    BUSY, CTL_SPACE_WANTERS, DELIVERED, KEPT, KEPT_POS, MSG_POS, OWNER, STAGE, WANTS_SPACE,
-    Segment, granule_of, kind,
+    BUSY, CTL_SPACE_WANTING, DELIVERED, DROPPING, DROPPING_ENTRY, GRANULE_BITS, KEPT, KEPT_POS, MSG_POS,
+    OWNER, STAGE, Segment, granule_of, kind,
 )
 
 KiB = 1024
@@ -39,6 +39,12 @@ def _kept(seg):
     return out
 
 
+def _wanting(seg):
+    """The entries whose producers are short of space, as the bits say."""
+    bits = seg.ctl(CTL_SPACE_WANTING, size=8) | seg.ctl(CTL_SPACE_WANTING + 8, size=8) << 64
+    return [i for i in range(128) if bits >> i & 1]
+
+
 def _block_is_kept(seg, g, entry):
     at = seg.block(g)
     owner_and_flags = seg.u32(at + OWNER)  # two u16: owner, then flags
@@ -57,9 +63,13 @@ def test_a_released_view_is_kept_and_the_next_send_reuses_its_block(rdv, seg):
     del view
     [(entry, g)] = _kept(seg)
     assert _block_is_kept(seg, g, entry)
+    old_pos = seg.u64(seg.block(g) + MSG_POS)
     rdv.send("k", np.full(16, 7, np.float32))  # written into the kept block
     assert _kept(seg) == []
-    assert granule_of(seg.u64(seg.block(g) + MSG_POS)) == g and seg.mem[seg.block(g) + STAGE] != DELIVERED
+    new_pos = seg.u64(seg.block(g) + MSG_POS)
+    assert granule_of(new_pos) == g and seg.mem[seg.block(g) + STAGE] != DELIVERED
+    # a new allocation number: positions stay unique (leases order by them, stale ones are refused)
+    assert new_pos >> GRANULE_BITS > old_pos >> GRANULE_BITS
     assert rdv.recv("k", timeout=5)[3] == 7
 
 
@@ -148,15 +158,15 @@ def test_a_view_released_while_a_producer_waits_for_space_is_freed_not_kept(rdv_
                 producer = ctx.Process(target=_send_late, args=(rdv_name,))
                 producer.start()
                 deadline = time.monotonic() + 10
-                while seg.ctl(CTL_SPACE_WANTERS) == 0 and time.monotonic() < deadline:
+                while not _wanting(seg) and time.monotonic() < deadline:
                     time.sleep(0.001)
-                assert seg.ctl(CTL_SPACE_WANTERS) == 1
+                assert len(_wanting(seg)) == 1
                 time.sleep(0.2)  # past its spin: asleep on the space word
                 _receive_and_release(rdv, "fill", 5)  # the one release that makes room
                 assert _kept(seg) == []  # freed at once (a kept block would wait for the producer's next look)
                 producer.join(20)
                 assert producer.exitcode == 0
-                assert seg.ctl(CTL_SPACE_WANTERS) == 0 and _kept(seg) == []
+                assert _wanting(seg) == [] and _kept(seg) == []
             finally:
                 seg.close()
             assert rdv.stats().pending_messages == n
@@ -177,7 +187,7 @@ def test_closing_frees_the_kept_block(rdv, seg):
     [(entry, g)] = _kept(seg)
     other.close()
     assert _kept(seg) == [] and kind(seg.side(g)) != BUSY
-    assert seg.u32(seg.entry(entry) + WANTS_SPACE) == 0
+    assert seg.u64(seg.entry(entry) + DROPPING) == 0
     seg.check_allocator()
 
 
@@ -222,13 +232,13 @@ def test_a_producer_killed_while_waiting_for_space_is_taken_out_of_the_count(rdv
             seg = Segment(rdv_name)
             try:
                 deadline = time.monotonic() + 10
-                while seg.ctl(CTL_SPACE_WANTERS) == 0 and time.monotonic() < deadline:
+                while not _wanting(seg) and time.monotonic() < deadline:
                     time.sleep(0.001)
-                assert seg.ctl(CTL_SPACE_WANTERS) == 1
+                assert len(_wanting(seg)) == 1
                 os.kill(child.pid, signal.SIGKILL)
                 child.join(30)
                 assert rdv.collect_garbage() == 1
-                assert seg.ctl(CTL_SPACE_WANTERS) == 0
+                assert _wanting(seg) == []
                 _receive_and_release(rdv, "fill", 5)
                 rdv.send("k", np.zeros(16, np.float32))
                 _receive_and_release(rdv, "k", 5)
@@ -263,3 +273,83 @@ def test_threads_keeping_and_reusing_lose_nothing(rdv, seg):
     st = rdv.stats()
     assert (st.bytes_used, st.pending_messages, st.largest_free) == (0, 0, rdv.capacity)
     seg.check_allocator()
+
+
+def test_a_kept_block_is_neither_released_nor_given_back_again(rdv, seg):
+    """A stale payload of a block that is kept now is refused: the C calls say -EINVAL."""
+    from shmrdv._native import ffi, lib
+
+    rdv.send("k", np.arange(16, dtype=np.float32))
+    view = rdv.recv("k", timeout=5)
+    payload = ffi.cast("void *", view.ctypes.data)
+    h = rdv._handle()
+    del view
+    [(entry, g)] = _kept(seg)
+    assert lib.rdv_give_back(h, payload) == -22  # EINVAL
+    assert lib.rdv_release_payload(h, payload) == -22
+    assert _kept(seg) == [(entry, g)] and _block_is_kept(seg, g, entry)
+    assert rdv.try_recv("k") is None
+
+
+@pytest.mark.timeout(60)
+def test_a_process_killed_while_freeing_another_s_kept_block_leaves_it_to_its_reclaimer(rdv_name):
+    """The state a producer leaves when it dies between taking a live process's kept block
+    (the CAS on its kept_pos) and freeing it: its record names the block, the keeper no
+    longer does. The reclaim frees it."""
+    ctx = multiprocessing.get_context("fork")
+    with shmrdv.Rendezvous(rdv_name, size=1024 * KiB, create=True) as rdv:
+        try:
+            rdv.send("small", np.zeros(16, np.float32))
+            ready, done = ctx.Event(), ctx.Event()
+            keeper = ctx.Process(target=_keep_one_and_wait, args=(rdv_name, ready, done))
+            keeper.start()
+            seg = Segment(rdv_name)
+            try:
+                assert ready.wait(30)
+                [(entry, g)] = _kept(seg)
+                kept = seg.u64(seg.entry(entry) + KEPT_POS)
+                dead = 100
+                seg.dead_entry(dead)
+                seg.u32(seg.entry(dead) + DROPPING_ENTRY, entry)
+                seg.u64(seg.entry(dead) + DROPPING, kept)
+                seg.u64(seg.entry(entry) + KEPT_POS, 0)  # the dead's CAS
+                assert rdv.collect_garbage() == 1
+                assert kind(seg.side(g)) != BUSY and seg.u64(seg.entry(dead) + DROPPING) == 0
+                assert rdv.stats().bytes_used == 0
+                seg.check_allocator()
+            finally:
+                seg.close()
+                done.set()
+                keeper.join(30)
+            assert keeper.exitcode == 0
+        finally:
+            rdv.unlink()
+
+
+@pytest.mark.timeout(60)
+def test_a_record_whose_take_never_happened_leaves_the_block_kept(rdv_name):
+    """Dead before its CAS: the keeper still names the block, which stays its own."""
+    ctx = multiprocessing.get_context("fork")
+    with shmrdv.Rendezvous(rdv_name, size=1024 * KiB, create=True) as rdv:
+        try:
+            rdv.send("small", np.zeros(16, np.float32))
+            ready, done = ctx.Event(), ctx.Event()
+            keeper = ctx.Process(target=_keep_one_and_wait, args=(rdv_name, ready, done))
+            keeper.start()
+            seg = Segment(rdv_name)
+            try:
+                assert ready.wait(30)
+                [(entry, g)] = _kept(seg)
+                dead = 100
+                seg.dead_entry(dead)
+                seg.u32(seg.entry(dead) + DROPPING_ENTRY, entry)
+                seg.u64(seg.entry(dead) + DROPPING, seg.u64(seg.entry(entry) + KEPT_POS))
+                assert rdv.collect_garbage() == 1
+                assert _kept(seg) == [(entry, g)] and _block_is_kept(seg, g, entry)
+            finally:
+                seg.close()
+                done.set()
+                keeper.join(30)
+            assert keeper.exitcode == 0
+        finally:
+            rdv.unlink()
