@@ -234,6 +234,7 @@ static uint64_t carve(rdv_t *h, uint32_t g, uint32_t len, uint32_t need) {
     m->payload_off = 0; /* rdv_block_at checks it against the length */
     m->stage = RDV_MSG_WRITING;
     m->owner = (uint16_t)(h->me + 1);
+    m->flags = 0; /* a freed block's header may say anything (KEPT, say) */
     publish_side(h, g, RDV_SIDE_BUSY | need);
     set_side(h, g + 1, 0); /* the old links and END tag: interior now */
     set_side(h, g + 2, 0);
@@ -366,20 +367,23 @@ void rdv_arena_init(rdv_t *h) {
  *
  * A kept block stays busy: DELIVERED, owned by its keeper, flags
  * RDV_MSG_KEPT; its position + 1 is in the keeper's process entry
- * (kept_pos; 0 is none, and the first block's position is 0).
- * kept_pos == p + 1 means block p is kept: the keeper marks the block
- * before it publishes it there and takes it out (an exchange) before it
- * changes the block again, so whoever takes it out of kept_pos (the
- * exchange, or another process's compare-and-swap) owns the block. Reuse
- * gives the block a new position (the next allocation number), as carve
- * does: positions stay unique, so stale ones are refused and leased views
- * keep their allocation order (rdv_lease.c).
+ * (kept_pos; 0 is none, and the first block's position is 0), where the
+ * keeper publishes it after marking the block. Who may do what with it is
+ * decided by one compare-and-swap on the header's owner and flags word
+ * (claim): (keeper, KEPT) -> (taker, none). The winner, the keeper reusing
+ * the block or anyone freeing it, holds an ordinary view of its own; a
+ * loser leaves the block alone. kept_pos only says where to look: the
+ * keeper empties it (an exchange) before it claims, a taker after.
  *
- * Crash safety. A death between any two of the keeper's stores leaves a
- * block DELIVERED or WRITING and owned by the dead: its reclaimer frees it
- * as it frees the views the dead held. A process that takes another's kept
- * block to free it names it in its own entry first (dropping), so that if
- * it dies before the free its reclaimer frees the block.
+ * Reuse gives the block a new position (the next allocation number, as
+ * carve does): positions stay unique, so stale positions are refused, producer
+ * marks decide right (rdv_mark.c) and leased views keep their allocation
+ * order (rdv_lease.c).
+ *
+ * Crash safety: a death between any two stores leaves a block DELIVERED
+ * or WRITING and owned by the keeper or by the taker whose claim won;
+ * whoever reclaims that one frees it with its other views (rdv_recover.c,
+ * step 5), and never gives it back (no LEASED flag).
  *
  * Space. At most one block per handle, of at most KEEP_MAX_BYTES and 1/64
  * of the arena. A producer that finds no room sets its entry's bit in
@@ -407,16 +411,28 @@ static int space_wanted(const rdv_t *h) {
     return any != 0;
 }
 
-/* Block pos, if process entry `entry` keeps it. */
-static struct rdv_msg *kept_block(rdv_t *h, uint64_t pos, uint32_t entry, uint64_t *len) {
-    struct rdv_msg *m = rdv_block_at(h, pos, len);
-    /* relaxed: a kept block changes only in the hands of whoever took its
-     * position out of kept_pos (with acquire), as the caller has */
-    return m && READ_ONCE(m->stage) == RDV_MSG_DELIVERED && READ_ONCE(m->owner) == entry + 1 &&
-                   READ_ONCE(m->flags) == RDV_MSG_KEPT
-               ? m
-               : NULL;
+/* Block kept - 1, if process entry `entry` keeps it, made who's (entry + 1
+ * of the taker): the claim. NULL if someone else's claim won, or if it is
+ * no kept block of entry's (any more). */
+static struct rdv_msg *claim(rdv_t *h, uint64_t kept, uint32_t entry, uint32_t who) {
+    uint64_t len;
+    struct rdv_msg *m = rdv_block_at(h, kept - 1, &len);
+    if (!m || READ_ONCE(m->stage) != RDV_MSG_DELIVERED) /* relaxed: re-decided by the CAS */
+        return NULL;
+    uint32_t expect = rdv_owner_flags(entry + 1, RDV_MSG_KEPT);
+    /* acq_rel: the winner reads the block after the keeper's mark (its
+     * seq_cst publish of kept_pos came after it) and owns it from here. A
+     * block that changed meanwhile (freed, or kept again, ABA) is claimed
+     * as it is now: the winner frees it by its current position, under the
+     * lock and only while it still names us (free_owned). */
+    if (!rdv_cas(&m->owner_flags, &expect, rdv_owner_flags(who, 0), __ATOMIC_ACQ_REL))
+        return NULL;
+    return m;
 }
+
+/* Free the busy block at pos if its header still names it and `who` owns
+ * it (0: anyone), checked under the lock; -EINVAL otherwise. */
+static int free_owned(rdv_t *h, uint64_t pos, uint32_t who);
 
 /* kept_pos just published our block (seq_cst): if a producer wants space,
  * free it after all. The barrier orders our publish before the look at the
@@ -432,7 +448,7 @@ int rdv_arena_release(rdv_t *h, uint64_t pos) {
     struct rdv_msg *m = rdv_block_at(h, pos, &len);
     struct rdv_proc *me = &h->kprocs[h->me];
     /* relaxed: our own entry's word, changed by our own threads (and by a
-     * producer taking it, after which it no longer names pos) */
+     * taker, after its claim: then it no longer names a block we keep) */
     uint64_t kept = READ_ONCE(me->kept_pos);
     if (!m || kept == pos + 1)
         return -EINVAL; /* not a busy block, or our kept block: no view */
@@ -442,8 +458,8 @@ int rdv_arena_release(rdv_t *h, uint64_t pos) {
         READ_ONCE(m->stage) == RDV_MSG_DELIVERED && READ_ONCE(m->owner) == h->me + 1 && !space_wanted(h)) {
         WRITE_ONCE(m->flags, RDV_MSG_KEPT); /* no longer a view: never given back (lease) */
         uint64_t none = 0;
-        /* seq_cst: publishes the mark above to whoever takes the block out
-         * (their acquire), and is the handshake's store */
+        /* seq_cst: publishes the mark above to whoever claims the block
+         * (their acq_rel CAS), and is the handshake's store */
         if (rdv_cas(&me->kept_pos, &none, pos + 1, __ATOMIC_SEQ_CST)) {
             unless_wanted(h);
             return 0;
@@ -454,49 +470,16 @@ int rdv_arena_release(rdv_t *h, uint64_t pos) {
 
 int rdv_arena_drop_kept(rdv_t *h, uint32_t entry) {
     struct rdv_proc *p = &h->kprocs[entry];
-    /* relaxed: a first look */
-    uint64_t kept = READ_ONCE(p->kept_pos), len;
-    /* acquire: whoever wins owns the block, marked before it was published */
-    if (!kept || !rdv_cas(&p->kept_pos, &kept, 0, __ATOMIC_ACQUIRE))
+    /* relaxed: where to look; the claim decides */
+    uint64_t kept = READ_ONCE(p->kept_pos);
+    struct rdv_msg *m = kept ? claim(h, kept, entry, h->me + 1) : NULL;
+    if (!m)
         return 0;
-    return kept_block(h, kept - 1, entry, &len) && rdv_arena_free(h, kept - 1) == 0;
-}
-
-/* rdv_arena_drop_kept of a live entry's block (not ours): named in our
- * entry first, so that our reclaimer frees it if we die before we do (the
- * block is its keeper's, who would no longer look at it). Called with
- * drop_lock held. A dead entry's block needs no record: its reclaimer frees
- * it with the dead's other views. */
-static int drop_recorded(rdv_t *h, uint32_t entry) {
-    struct rdv_proc *p = &h->kprocs[entry], *me = &h->kprocs[h->me];
-    /* relaxed: a first look */
-    uint64_t kept = READ_ONCE(p->kept_pos), len;
-    if (!kept)
-        return 0;
-    /* relaxed: read by our reclaimer only, after our death (the byte lock
-     * it takes orders them); dropping last, as the record's commit, and
-     * both before the CAS (its seq_cst orders them) */
-    WRITE_ONCE(me->dropping_entry, entry);
-    WRITE_ONCE(me->dropping, kept);
-    /* seq_cst: as the acquire in rdv_arena_drop_kept, and after the record */
-    int freed = rdv_cas(&p->kept_pos, &kept, 0, __ATOMIC_SEQ_CST) && kept_block(h, kept - 1, entry, &len) &&
-                rdv_arena_free(h, kept - 1) == 0;
-    WRITE_ONCE(me->dropping, 0);
-    return freed;
-}
-
-/* A dead entry's step that took a kept block, finished: the block is freed
- * if its keeper no longer names it (the CAS happened) and still keeps it. */
-static void finish_dropping(rdv_t *h, uint32_t dead) {
-    struct rdv_proc *p = &h->kprocs[dead];
-    /* relaxed: the dead's words; nobody else changes them now */
-    uint64_t kept = READ_ONCE(p->dropping);
-    uint32_t entry = READ_ONCE(p->dropping_entry);
-    uint64_t len;
-    if (kept && entry < RDV_MAX_PROCS && READ_ONCE(h->kprocs[entry].kept_pos) != kept &&
-        kept_block(h, kept - 1, entry, &len))
-        rdv_arena_free(h, kept - 1);
-    WRITE_ONCE(p->dropping, 0);
+    /* relaxed: kept_pos no longer names a kept block; the keeper's own
+     * exchange may have emptied it first */
+    rdv_cas(&p->kept_pos, &kept, 0, __ATOMIC_RELAXED);
+    /* relaxed: the block is ours now; nobody else changes its position */
+    return free_owned(h, READ_ONCE(m->pos), h->me + 1) == 0;
 }
 
 /* Our kept block, made the new allocation if it fits need granules: 1. */
@@ -505,45 +488,49 @@ static int take_kept(rdv_t *h, uint32_t need, uint64_t *pos) {
     /* relaxed: a first look, so that an empty one costs no atomic */
     if (!READ_ONCE(me->kept_pos))
         return 0;
-    /* acquire: as in rdv_arena_drop_kept */
-    uint64_t kept = rdv_exchange(&me->kept_pos, 0, __ATOMIC_ACQUIRE), len;
-    struct rdv_msg *m = kept ? kept_block(h, kept - 1, h->me, &len) : NULL;
-    if (!m)
-        return 0; /* taken by a producer short of space meanwhile (or damage) */
+    /* relaxed: where to look; the claim below decides and orders */
+    uint64_t kept = rdv_exchange(&me->kept_pos, 0, __ATOMIC_RELAXED), len;
+    if (!kept || !rdv_block_at(h, kept - 1, &len))
+        return 0;
     uint64_t have = len / RDV_GRANULE;
     /* no more spare room than a block cut from a free run may get (carve) */
     if (have < need || have - need >= RDV_MIN_BLOCK) {
         uint64_t none = 0;
-        /* seq_cst: back as it was (still marked), the handshake's store as
-         * in rdv_arena_release; another thread's block meanwhile wins */
+        /* seq_cst: back as it was (still marked, unless a taker claimed it
+         * meanwhile: then it frees it), the handshake's store as in
+         * rdv_arena_release; another thread's block meanwhile wins */
+        struct rdv_msg *m;
         if (rdv_cas(&me->kept_pos, &none, kept, __ATOMIC_SEQ_CST))
             unless_wanted(h);
-        else
-            rdv_arena_free(h, kept - 1);
+        else if ((m = claim(h, kept, h->me, h->me + 1)))
+            free_owned(h, READ_ONCE(m->pos), h->me + 1);
         return 0;
     }
-    /* As carve leaves a new block. These stores may land in any order: a
-     * death between them leaves a block owned by us, DELIVERED (flags
-     * KEPT or none: freed, never given back) or WRITING (freed), under a
-     * position that names it either way. */
+    struct rdv_msg *m = claim(h, kept, h->me, h->me + 1);
+    if (!m)
+        return 0; /* a producer short of space took it meanwhile (or damage) */
+    /* As carve leaves a new block, the new position first: a death before
+     * the stage's store leaves a view of ours (freed with our views) that
+     * no longer names the old position, which a mark being committed may
+     * name (rdv_mark.c); after it, a block we were writing (freed too).
+     * relaxed: the number only needs to be unique (carve's increment is
+     * under the lock, ours is not, so both are atomic) */
     uint32_t g = (uint32_t)rdv_pos_granule(kept - 1);
-    WRITE_ONCE(m->stage, RDV_MSG_WRITING);
-    m->flags = 0;
+    uint64_t fresh = rdv_pos_make(rdv_fetch_add(&h->khdr->arena.alloc_seq, 1, __ATOMIC_RELAXED) & SEQ_MASK, g);
+    WRITE_ONCE(m->pos, fresh);
     m->payload_off = 0;
-    /* relaxed: the number only needs to be unique; carve's increment is
-     * under the lock, ours is not, so both are atomic */
-    m->pos = rdv_pos_make(rdv_fetch_add(&h->khdr->arena.alloc_seq, 1, __ATOMIC_RELAXED) & SEQ_MASK, g);
-    *pos = m->pos;
+    /* release: the position (and the rest) before the stage, for the order
+     * above; lock-free readers find either state consistent */
+    smp_store_release(&m->stage, RDV_MSG_WRITING);
+    *pos = fresh;
     return 1;
 }
 
 /* Drop every kept block: 1 if any was freed. For a producer with no room. */
 static int drop_all_kept(rdv_t *h) {
     int any = 0;
-    pthread_mutex_lock(&h->drop_lock);
     for (uint32_t i = 0; i < RDV_MAX_PROCS; i++)
-        any |= i == h->me ? rdv_arena_drop_kept(h, i) : drop_recorded(h, i);
-    pthread_mutex_unlock(&h->drop_lock);
+        any |= rdv_arena_drop_kept(h, i);
     return any;
 }
 
@@ -564,27 +551,31 @@ void rdv_arena_want_space(rdv_t *h, int want) {
 }
 
 void rdv_arena_forget_wants(rdv_t *h, uint32_t entry) {
-    /* relaxed: the entry is dead (or closing: ours, no producer left) */
+    /* relaxed: the entry is dead, closing (ours, no producer left) or being
+     * claimed; its kept block, if any, is a block it owns, which step 5 of
+     * its reclaim (or close) frees with its views */
     rdv_fetch_and(&h->khdr->arena.space_wanting[entry / 64], ~(1ull << (entry % 64)), __ATOMIC_RELAXED);
-    finish_dropping(h, entry);
-    rdv_arena_drop_kept(h, entry);
+    WRITE_ONCE(h->kprocs[entry].kept_pos, 0);
 }
 
 uint64_t rdv_arena_largest_run(rdv_t *h) {
-    /* The chain of start tags, lock-free (a snapshot: a block that changes
+    /* The chain of start tags, lock-free: a snapshot (a block that changes
      * under us may be misread, as stats may be a moment apart) */
     uint64_t run = 0, longest = 0;
     for (uint32_t g = 0; g < h->granules;) {
         /* acquire: as in rdv_block_at */
         uint32_t v = smp_load_acquire(&h->kside[g]), n = RDV_SIDE_LEN(v);
         if ((RDV_SIDE_KIND(v) != RDV_SIDE_BUSY && RDV_SIDE_KIND(v) != RDV_SIDE_FREE) || n == 0 ||
-            n > h->granules - g)
-            break; /* damage, or a block changing: what we have so far */
+            n > h->granules - g) {
+            run = 0; /* not a start tag (a block changed under us): granule by granule */
+            g++;
+            continue;
+        }
         uint64_t len;
         const struct rdv_msg *m = (const struct rdv_msg *)(h->karena + (uint64_t)g * RDV_GRANULE);
-        int kept = RDV_SIDE_KIND(v) == RDV_SIDE_BUSY && rdv_pos_granule(m->pos) == g &&
-                   rdv_block_at(h, m->pos, &len) && READ_ONCE(m->stage) == RDV_MSG_DELIVERED &&
-                   READ_ONCE(m->flags) == RDV_MSG_KEPT;
+        uint64_t pos = READ_ONCE(m->pos); /* relaxed: checked by rdv_block_at */
+        int kept = RDV_SIDE_KIND(v) == RDV_SIDE_BUSY && rdv_pos_granule(pos) == g && rdv_block_at(h, pos, &len) &&
+                   READ_ONCE(m->stage) == RDV_MSG_DELIVERED && (READ_ONCE(m->flags) & RDV_MSG_KEPT);
         run = RDV_SIDE_KIND(v) == RDV_SIDE_FREE || kept ? run + n : 0;
         if (run > longest)
             longest = run;
@@ -642,7 +633,7 @@ static void wake_space(rdv_t *h) {
     rdv_wake_all(&ka->space_seq, &ka->space_sleepers);
 }
 
-int rdv_arena_free(rdv_t *h, uint64_t pos) {
+static int free_owned(rdv_t *h, uint64_t pos, uint32_t who) {
     uint64_t g64 = rdv_pos_granule(pos);
     if (g64 >= h->granules)
         return -EINVAL;
@@ -651,9 +642,12 @@ int rdv_arena_free(rdv_t *h, uint64_t pos) {
     rdv_lock(h, &ka->lock);
     uint32_t v = side(h, g), len = RDV_SIDE_LEN(v);
     int rc = -EINVAL;
+    const struct rdv_msg *m = rdv_msg_at(h, pos);
     /* a busy block that still names itself: not freed already, nor a later
-     * block at the same place (positions carry the allocation's number) */
-    if (RDV_SIDE_KIND(v) == RDV_SIDE_BUSY && len && len <= h->granules - g && rdv_msg_at(h, pos)->pos == pos) {
+     * block at the same place (positions carry the allocation's number);
+     * relaxed: its owner, changed only by the holder (a claim) */
+    if (RDV_SIDE_KIND(v) == RDV_SIDE_BUSY && len && len <= h->granules - g && m->pos == pos &&
+        (who == 0 || READ_ONCE(m->owner) == who)) {
         rc = release(h, g, len);
         if (rc == -EBADMSG) {
             rdv_arena_repair(h);
@@ -665,6 +659,10 @@ int rdv_arena_free(rdv_t *h, uint64_t pos) {
         wake_space(h);
     return rc;
 }
+
+int rdv_arena_free(rdv_t *h, uint64_t pos) { return free_owned(h, pos, 0); }
+
+int rdv_arena_free_owned(rdv_t *h, uint64_t pos, uint32_t who) { return free_owned(h, pos, who); }
 
 struct rdv_msg *rdv_block_at(rdv_t *h, uint64_t pos, uint64_t *len) {
     uint64_t g = rdv_pos_granule(pos);

@@ -16,19 +16,23 @@ int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos);
 /* Free the busy block at pos; -EINVAL if pos names no busy block (freed
  * already, or never allocated). Wakes producers waiting for space. */
 int rdv_arena_free(rdv_t *h, uint64_t pos);
+/* rdv_arena_free if the block is owned by who (process entry + 1), checked
+ * under the lock: for a reclaimer freeing the dead's blocks, which a
+ * producer short of space may take meanwhile (see "the kept block"). */
+int rdv_arena_free_owned(rdv_t *h, uint64_t pos, uint32_t who);
 /* A received view's block, released by its receiver (us): kept for our
  * next allocation (see "the kept block" in rdv_arena.c) or freed. -EINVAL
  * as rdv_arena_free, and for a block kept already. */
 int rdv_arena_release(rdv_t *h, uint64_t pos);
-/* Free the block process entry `entry` keeps, if any; 1 if it freed one. For
- * a producer short of space, and for whoever reclaims a dead entry. */
+/* Free the block process entry `entry` keeps, if any: 1 if it freed one.
+ * For a producer short of space. */
 int rdv_arena_drop_kept(rdv_t *h, uint32_t entry);
 /* A producer that found no space counts itself (want = 1) until it has
  * room or gives up (want = 0): while any does, released views' blocks are
  * freed, not kept. After counting itself it must try once more before it
- * waits. rdv_arena_forget_wants: what a dead (or closing) entry leaves of
- * this (its count, its kept block, a kept block it was freeing), by its
- * reclaimer. */
+ * waits. rdv_arena_forget_wants: a dead, closing or newly claimed entry's
+ * bit and kept_pos cleared (its kept block is a block it owns, which its
+ * reclaim or close frees with its views). */
 void rdv_arena_want_space(rdv_t *h, int want);
 void rdv_arena_forget_wants(rdv_t *h, uint32_t entry);
 /* The longest run of free and kept blocks, in bytes: the largest block a

@@ -74,9 +74,6 @@ struct rdv {
      * our bit of arena.space_wanting, the last clears it */
     pthread_mutex_t want_lock;
     uint32_t want_count;
-    /* One taking of other entries' kept blocks at a time: our entry has one
-     * record of it (dropping) */
-    pthread_mutex_t drop_lock;
 };
 
 #endif

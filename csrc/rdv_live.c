@@ -54,10 +54,6 @@ int rdv_live_claim(rdv_t *h) {
          * the entry by the release of ALIVE below, which holds_nothing acquires */
         WRITE_ONCE(p->locks_held, 0);
         p->mark_state = 0; /* zero already, unless damaged: no change of ours in flight */
-        /* zero already too (closing and reclaiming clear them), unless
-         * damaged: we keep no block yet and free none */
-        WRITE_ONCE(p->kept_pos, 0);
-        WRITE_ONCE(p->dropping, 0);
         h->me = i;
         /* release: publishes pid and the cleared words to readers of state */
         smp_store_release(&p->state, RDV_PROC_ALIVE);

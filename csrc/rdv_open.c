@@ -28,6 +28,8 @@ static int register_handle(rdv_t *h) {
     if (rc < 0)
         rc = rdv_live_claim(h);
     h->acting = 0;
+    if (rc == 0)
+        rdv_arena_forget_wants(h, h->me); /* clear already, unless damaged */
     return rc;
 }
 

@@ -121,19 +121,18 @@ static void reclaim_entry(rdv_t *h, uint32_t dead) {
     rdv_mark_recover(h, dead);
     reclaim_waiters(h, dead);
     rdv_lease_recover(h, dead);
-    rdv_arena_forget_wants(h, dead); /* its kept block, and its count among producers short of space */
+    rdv_arena_forget_wants(h, dead); /* its bit among producers short of space; its kept block: step 5 */
     /* Step 5: nobody else changes the dead's blocks (but a producer short
      * of space may free its kept block), so the lock-free walk sees every
      * one of them. */
     struct rdv_msg *m;
     for (uint32_t g = 0; (m = rdv_arena_next(h, &g)); rdv_arena_step(h, &g)) {
-        /* The position first: a producer short of space may free the dead's
-         * kept block meanwhile (rdv_arena.c), and the free refuses a
-         * position that no longer names the block there. */
+        /* Owner checked again under the lock: a producer short of space may
+         * take the dead's kept block meanwhile and free it (rdv_arena.c). */
         uint64_t pos = READ_ONCE(m->pos);
         if (m->owner == who && (m->stage == RDV_MSG_WRITING || m->stage == RDV_MSG_DELIVERED ||
                                 m->stage == RDV_MSG_WAITERS))
-            rdv_arena_free(h, pos);
+            rdv_arena_free_owned(h, pos, who);
     }
     rdv_waiter_home_reset(h, who);
 }

@@ -18,9 +18,7 @@ SEG_FLAGS = 64 + 32  # RDV_CREATE_* of the creator
 PROC_ENTRY = 256
 KEY_COUNT = 32  # in a process entry: net << 27 | change in progress
 MARK_RECORD = 44 + 4 * 43  # in a process entry
-# in a process entry, the kept block (rdv_arena.c): the entry a kept block is being freed
-# from, the entry's own kept block (position + 1) and the one being freed (position + 1)
-DROPPING_ENTRY, KEPT_POS, DROPPING = 64 + 4, 64 + 8, 64 + 16
+KEPT_POS = 64 + 8  # in a process entry: its kept block's position + 1 (rdv_arena.c)
 DEAD = 100  # a process-table entry that no live process holds
 
 BUSY, FREE, END = 0x40000000, 0x80000000, 0xC0000000

@@ -15,8 +15,8 @@ import pytest
 import shmrdv
 
 from .segment_bytes import (
-    BUSY, CTL_SPACE_WANTING, DELIVERED, DROPPING, DROPPING_ENTRY, GRANULE_BITS, KEPT, KEPT_POS, MSG_POS,
-    OWNER, STAGE, Segment, granule_of, kind,
+    BUSY, CTL_SPACE_WANTING, DELIVERED, GRANULE_BITS, KEPT, KEPT_POS, MSG_POS, OWNER, STAGE, Segment,
+    granule_of, kind,
 )
 
 KiB = 1024
@@ -187,7 +187,6 @@ def test_closing_frees_the_kept_block(rdv, seg):
     [(entry, g)] = _kept(seg)
     other.close()
     assert _kept(seg) == [] and kind(seg.side(g)) != BUSY
-    assert seg.u64(seg.entry(entry) + DROPPING) == 0
     seg.check_allocator()
 
 
@@ -292,10 +291,11 @@ def test_a_kept_block_is_neither_released_nor_given_back_again(rdv, seg):
 
 
 @pytest.mark.timeout(60)
-def test_a_process_killed_while_freeing_another_s_kept_block_leaves_it_to_its_reclaimer(rdv_name):
-    """The state a producer leaves when it dies between taking a live process's kept block
-    (the CAS on its kept_pos) and freeing it: its record names the block, the keeper no
-    longer does. The reclaim frees it."""
+def test_a_process_killed_after_claiming_another_s_kept_block_leaves_it_to_its_reclaimer(rdv_name):
+    """The state a producer short of space leaves when it dies between its claim of a live
+    process's kept block (the CAS of the header's owner and flags to its own entry) and the
+    free: a view of the dead's, freed with them; the keeper, still pointing at it, lets go
+    of it at its next send."""
     ctx = multiprocessing.get_context("fork")
     with shmrdv.Rendezvous(rdv_name, size=1024 * KiB, create=True) as rdv:
         try:
@@ -307,14 +307,11 @@ def test_a_process_killed_while_freeing_another_s_kept_block_leaves_it_to_its_re
             try:
                 assert ready.wait(30)
                 [(entry, g)] = _kept(seg)
-                kept = seg.u64(seg.entry(entry) + KEPT_POS)
                 dead = 100
                 seg.dead_entry(dead)
-                seg.u32(seg.entry(dead) + DROPPING_ENTRY, entry)
-                seg.u64(seg.entry(dead) + DROPPING, kept)
-                seg.u64(seg.entry(entry) + KEPT_POS, 0)  # the dead's CAS
+                seg.u32(seg.block(g) + OWNER, dead + 1)  # owner the dead, flags none: its claim
                 assert rdv.collect_garbage() == 1
-                assert kind(seg.side(g)) != BUSY and seg.u64(seg.entry(dead) + DROPPING) == 0
+                assert kind(seg.side(g)) != BUSY
                 assert rdv.stats().bytes_used == 0
                 seg.check_allocator()
             finally:
@@ -327,29 +324,18 @@ def test_a_process_killed_while_freeing_another_s_kept_block_leaves_it_to_its_re
 
 
 @pytest.mark.timeout(60)
-def test_a_record_whose_take_never_happened_leaves_the_block_kept(rdv_name):
-    """Dead before its CAS: the keeper still names the block, which stays its own."""
-    ctx = multiprocessing.get_context("fork")
-    with shmrdv.Rendezvous(rdv_name, size=1024 * KiB, create=True) as rdv:
-        try:
-            rdv.send("small", np.zeros(16, np.float32))
-            ready, done = ctx.Event(), ctx.Event()
-            keeper = ctx.Process(target=_keep_one_and_wait, args=(rdv_name, ready, done))
-            keeper.start()
-            seg = Segment(rdv_name)
-            try:
-                assert ready.wait(30)
-                [(entry, g)] = _kept(seg)
-                dead = 100
-                seg.dead_entry(dead)
-                seg.u32(seg.entry(dead) + DROPPING_ENTRY, entry)
-                seg.u64(seg.entry(dead) + DROPPING, seg.u64(seg.entry(entry) + KEPT_POS))
-                assert rdv.collect_garbage() == 1
-                assert _kept(seg) == [(entry, g)] and _block_is_kept(seg, g, entry)
-            finally:
-                seg.close()
-                done.set()
-                keeper.join(30)
-            assert keeper.exitcode == 0
-        finally:
-            rdv.unlink()
+def test_a_keeper_whose_block_was_claimed_sends_from_the_free_lists(rdv, seg):
+    """The claim decides, not kept_pos: a keeper whose block another process claimed (and
+    has not freed yet) leaves it alone."""
+    rdv.send("k", np.zeros(16, np.float32))
+    _receive_and_release(rdv, "k", 5)
+    [(entry, g)] = _kept(seg)
+    seg.dead_entry(100)
+    seg.u32(seg.block(g) + OWNER, 101)  # claimed by entry 100, which then died
+    rdv.send("k", np.full(16, 3, np.float32))
+    assert _kept(seg) == []
+    assert rdv.recv("k", timeout=5)[0] == 3
+    assert seg.u32(seg.block(g) + OWNER) == 101  # untouched: its reclaimer's to free
+    assert rdv.collect_garbage() == 1
+    assert kind(seg.side(g)) != BUSY
+    seg.check_allocator()
