@@ -230,7 +230,7 @@ static uint64_t carve(rdv_t *h, uint32_t g, uint32_t len, uint32_t need) {
      * producer killed before it writes the rest is still found as the
      * owner of a WRITING block, and its space comes back. */
     struct rdv_msg *m = rdv_msg_at(h, pos);
-    m->pos = pos;
+    WRITE_ONCE(m->pos, pos); /* relaxed: a late keeper CAS on it fails (the kept block) */
     m->payload_off = 0; /* rdv_block_at checks it against the length */
     m->stage = RDV_MSG_WRITING;
     m->owner = (uint16_t)(h->me + 1);
@@ -361,29 +361,36 @@ void rdv_arena_init(rdv_t *h) {
  * whose lines this CPU holds, and neither the release nor the allocation
  * takes the arena's lock or touches its lists and side entries, which the
  * other side wrote last: each would move cache lines between CPUs.
- * Measured with two processes pinned apart (64 B, C calls): a round trip
- * of 0.70 us became 0.54 us, and 1.86 us became 1.74 us when the VM's vCPUs
- * moved lines slowly (docs/architecture.md, "The kept block").
+ * Measured with two processes pinned apart (64 B, C calls): see
+ * docs/architecture.md, "The kept block".
  *
  * A kept block stays busy: DELIVERED, owned by its keeper, flags
  * RDV_MSG_KEPT; its position + 1 is in the keeper's process entry
  * (kept_pos; 0 is none, and the first block's position is 0), where the
- * keeper publishes it after marking the block. Who may do what with it is
- * decided by one compare-and-swap on the header's owner and flags word
- * (claim): (keeper, KEPT) -> (taker, none). The winner, the keeper reusing
- * the block or anyone freeing it, holds an ordinary view of its own; a
- * loser leaves the block alone. kept_pos only says where to look: the
- * keeper empties it (an exchange) before it claims, a taker after.
+ * keeper publishes it after marking the block. What becomes of it is
+ * decided by one compare-and-swap of the block's position, which is unique
+ * over the segment's life, from the kept one to a new allocation number:
+ * by the keeper reusing it (lock-free), or by a producer short of space
+ * freeing it (under the arena lock, in the same hold as the free). The
+ * loser leaves the block alone. Every path that frees a kept block makes
+ * that CAS first, or has no keeper left to race (a dead keeper's reclaim,
+ * the keeper's own thread freeing what it could not put back): so a late
+ * keeper CAS finds a position that is no longer the old one, unless bytes
+ * that came to lie there since (a block cut anew over the granule) equal
+ * it, the same trust rdv_block_at puts in a header that repeats its own
+ * position. kept_pos only says where to look: the keeper empties it (an
+ * exchange) before its CAS, a taker after.
  *
- * Reuse gives the block a new position (the next allocation number, as
- * carve does): positions stay unique, so stale positions are refused, producer
- * marks decide right (rdv_mark.c) and leased views keep their allocation
- * order (rdv_lease.c).
+ * Reuse so gives the block a new position, as carve does: stale positions
+ * are refused, producer marks decide right (rdv_mark.c) and leased views
+ * keep their allocation order (rdv_lease.c).
  *
- * Crash safety: a death between any two stores leaves a block DELIVERED
- * or WRITING and owned by the keeper or by the taker whose claim won;
- * whoever reclaims that one frees it with its other views (rdv_recover.c,
- * step 5), and never gives it back (no LEASED flag).
+ * Crash safety. A keeper that dies anywhere leaves a block DELIVERED or
+ * WRITING and owned by it: its reclaimer frees it with its other views
+ * (rdv_recover.c, step 5). A taker records the position it is about to
+ * give the block (dropping, in its own entry) before its CAS: if it dies
+ * after the CAS and before the free, its reclaimer frees the block at that
+ * position, which nothing else can have given it.
  *
  * Space. At most one block per handle, of at most KEEP_MAX_BYTES and 1/64
  * of the arena. A producer that finds no room sets its entry's bit in
@@ -396,9 +403,18 @@ void rdv_arena_init(rdv_t *h) {
 #define KEEP_MAX_BYTES 8192u
 #define WANT_WORDS (RDV_MAX_PROCS / 64)
 
+static void wake_space(rdv_t *h);
+
 static uint32_t keep_max_granules(const rdv_t *h) {
     uint32_t cap = h->granules / 64;
     return cap < KEEP_MAX_BYTES / RDV_GRANULE ? cap : KEEP_MAX_BYTES / RDV_GRANULE;
+}
+
+/* A new position for the block at granule g: the next allocation number.
+ * relaxed: the number only needs to be unique (carve's increment is under
+ * the lock, take_kept's is not, so both are atomic) */
+static uint64_t fresh_pos(rdv_t *h, uint32_t g) {
+    return rdv_pos_make(rdv_fetch_add(&h->khdr->arena.alloc_seq, 1, __ATOMIC_RELAXED) & SEQ_MASK, g);
 }
 
 /* Whether a producer is short of space. Relaxed: the caller orders it
@@ -410,29 +426,6 @@ static int space_wanted(const rdv_t *h) {
         any |= READ_ONCE(w[i]);
     return any != 0;
 }
-
-/* Block kept - 1, if process entry `entry` keeps it, made who's (entry + 1
- * of the taker): the claim. NULL if someone else's claim won, or if it is
- * no kept block of entry's (any more). */
-static struct rdv_msg *claim(rdv_t *h, uint64_t kept, uint32_t entry, uint32_t who) {
-    uint64_t len;
-    struct rdv_msg *m = rdv_block_at(h, kept - 1, &len);
-    if (!m || READ_ONCE(m->stage) != RDV_MSG_DELIVERED) /* relaxed: re-decided by the CAS */
-        return NULL;
-    uint32_t expect = rdv_owner_flags(entry + 1, RDV_MSG_KEPT);
-    /* acq_rel: the winner reads the block after the keeper's mark (its
-     * seq_cst publish of kept_pos came after it) and owns it from here. A
-     * block that changed meanwhile (freed, or kept again, ABA) is claimed
-     * as it is now: the winner frees it by its current position, under the
-     * lock and only while it still names us (free_owned). */
-    if (!rdv_cas(&m->owner_flags, &expect, rdv_owner_flags(who, 0), __ATOMIC_ACQ_REL))
-        return NULL;
-    return m;
-}
-
-/* Free the busy block at pos if its header still names it and `who` owns
- * it (0: anyone), checked under the lock; -EINVAL otherwise. */
-static int free_owned(rdv_t *h, uint64_t pos, uint32_t who);
 
 /* kept_pos just published our block (seq_cst): if a producer wants space,
  * free it after all. The barrier orders our publish before the look at the
@@ -448,7 +441,7 @@ int rdv_arena_release(rdv_t *h, uint64_t pos) {
     struct rdv_msg *m = rdv_block_at(h, pos, &len);
     struct rdv_proc *me = &h->kprocs[h->me];
     /* relaxed: our own entry's word, changed by our own threads (and by a
-     * taker, after its claim: then it no longer names a block we keep) */
+     * taker, once the block it named has a new position) */
     uint64_t kept = READ_ONCE(me->kept_pos);
     if (!m || kept == pos + 1)
         return -EINVAL; /* not a busy block, or our kept block: no view */
@@ -458,28 +451,59 @@ int rdv_arena_release(rdv_t *h, uint64_t pos) {
         READ_ONCE(m->stage) == RDV_MSG_DELIVERED && READ_ONCE(m->owner) == h->me + 1 && !space_wanted(h)) {
         WRITE_ONCE(m->flags, RDV_MSG_KEPT); /* no longer a view: never given back (lease) */
         uint64_t none = 0;
-        /* seq_cst: publishes the mark above to whoever claims the block
-         * (their acq_rel CAS), and is the handshake's store */
+        /* seq_cst: publishes the mark above to a taker (its acquire load of
+         * kept_pos), and is the handshake's store */
         if (rdv_cas(&me->kept_pos, &none, pos + 1, __ATOMIC_SEQ_CST)) {
             unless_wanted(h);
             return 0;
         }
+        /* never published: still ours alone */
     }
     return rdv_arena_free(h, pos);
 }
 
 int rdv_arena_drop_kept(rdv_t *h, uint32_t entry) {
-    struct rdv_proc *p = &h->kprocs[entry];
-    /* relaxed: where to look; the claim decides */
-    uint64_t kept = READ_ONCE(p->kept_pos);
-    struct rdv_msg *m = kept ? claim(h, kept, entry, h->me + 1) : NULL;
-    if (!m)
+    struct rdv_proc *p = &h->kprocs[entry], *me = &h->kprocs[h->me];
+    /* acquire: the keeper's mark, published by its seq_cst CAS of kept_pos */
+    uint64_t kept = smp_load_acquire(&p->kept_pos);
+    if (!kept)
         return 0;
-    /* relaxed: kept_pos no longer names a kept block; the keeper's own
-     * exchange may have emptied it first */
+    uint64_t pos = kept - 1, g64 = rdv_pos_granule(pos);
+    if (g64 >= h->granules)
+        return 0; /* damage */
+    uint32_t g = (uint32_t)g64;
+    struct rdv_arena_ctl *ka = &h->khdr->arena;
+    int freed = 0;
+    rdv_lock(h, &ka->lock); /* no free or carve under us: only the keeper's CAS */
+    uint32_t v = side(h, g), len = RDV_SIDE_LEN(v);
+    struct rdv_msg *m = rdv_msg_at(h, pos);
+    /* relaxed under the lock: the keeper changes the block only after
+     * winning the CAS below */
+    if (RDV_SIDE_KIND(v) == RDV_SIDE_BUSY && len && len <= h->granules - g && READ_ONCE(m->pos) == pos &&
+        READ_ONCE(m->stage) == RDV_MSG_DELIVERED && READ_ONCE(m->owner) == entry + 1 &&
+        READ_ONCE(m->flags) == RDV_MSG_KEPT) {
+        uint64_t mine = fresh_pos(h, g);
+        /* relaxed: read by our reclaimer only, after our death (the CAS's
+         * seq_cst orders it first) */
+        WRITE_ONCE(me->dropping, mine + 1);
+        /* seq_cst: decides against the keeper's CAS in take_kept */
+        if (rdv_cas(&m->pos, &pos, mine, __ATOMIC_SEQ_CST)) {
+            int rc = release(h, g, len);
+            if (rc == -EBADMSG) {
+                rdv_arena_repair(h);
+                rc = release(h, g, len);
+            }
+            freed = rc == 0;
+        }
+        WRITE_ONCE(me->dropping, 0);
+    }
+    rdv_unlock(h, &ka->lock);
+    if (freed)
+        wake_space(h);
+    /* relaxed: kept_pos no longer names a kept block (the keeper's own
+     * exchange may have emptied it first) */
     rdv_cas(&p->kept_pos, &kept, 0, __ATOMIC_RELAXED);
-    /* relaxed: the block is ours now; nobody else changes its position */
-    return free_owned(h, READ_ONCE(m->pos), h->me + 1) == 0;
+    return freed;
 }
 
 /* Our kept block, made the new allocation if it fits need granules: 1. */
@@ -488,39 +512,36 @@ static int take_kept(rdv_t *h, uint32_t need, uint64_t *pos) {
     /* relaxed: a first look, so that an empty one costs no atomic */
     if (!READ_ONCE(me->kept_pos))
         return 0;
-    /* relaxed: where to look; the claim below decides and orders */
-    uint64_t kept = rdv_exchange(&me->kept_pos, 0, __ATOMIC_RELAXED), len;
-    if (!kept || !rdv_block_at(h, kept - 1, &len))
-        return 0;
+    /* acquire: as in rdv_arena_drop_kept */
+    uint64_t kept = rdv_exchange(&me->kept_pos, 0, __ATOMIC_ACQUIRE), len;
+    struct rdv_msg *m = kept ? rdv_block_at(h, kept - 1, &len) : NULL;
+    if (!m)
+        return 0; /* freed by a producer short of space meanwhile (or damage) */
     uint64_t have = len / RDV_GRANULE;
     /* no more spare room than a block cut from a free run may get (carve) */
     if (have < need || have - need >= RDV_MIN_BLOCK) {
         uint64_t none = 0;
-        /* seq_cst: back as it was (still marked, unless a taker claimed it
-         * meanwhile: then it frees it), the handshake's store as in
-         * rdv_arena_release; another thread's block meanwhile wins */
-        struct rdv_msg *m;
+        /* seq_cst: back as it was, the handshake's store as in
+         * rdv_arena_release. Another thread's block meanwhile wins: then
+         * this one is named nowhere, and freed (under the lock, by its
+         * position, against a taker that read kept_pos before us) */
         if (rdv_cas(&me->kept_pos, &none, kept, __ATOMIC_SEQ_CST))
             unless_wanted(h);
-        else if ((m = claim(h, kept, h->me, h->me + 1)))
-            free_owned(h, READ_ONCE(m->pos), h->me + 1);
+        else
+            rdv_arena_free(h, kept - 1);
         return 0;
     }
-    struct rdv_msg *m = claim(h, kept, h->me, h->me + 1);
-    if (!m)
-        return 0; /* a producer short of space took it meanwhile (or damage) */
-    /* As carve leaves a new block, the new position first: a death before
-     * the stage's store leaves a view of ours (freed with our views) that
-     * no longer names the old position, which a mark being committed may
-     * name (rdv_mark.c); after it, a block we were writing (freed too).
-     * relaxed: the number only needs to be unique (carve's increment is
-     * under the lock, ours is not, so both are atomic) */
-    uint32_t g = (uint32_t)rdv_pos_granule(kept - 1);
-    uint64_t fresh = rdv_pos_make(rdv_fetch_add(&h->khdr->arena.alloc_seq, 1, __ATOMIC_RELAXED) & SEQ_MASK, g);
-    WRITE_ONCE(m->pos, fresh);
-    m->payload_off = 0;
-    /* release: the position (and the rest) before the stage, for the order
-     * above; lock-free readers find either state consistent */
+    uint64_t old = kept - 1, fresh = fresh_pos(h, (uint32_t)rdv_pos_granule(old));
+    /* acq_rel: decides against a taker's CAS (rdv_arena_drop_kept); the
+     * new position before anything else changes: a death from here leaves
+     * a view of ours, freed with our views, that no longer has the old
+     * position, which a producer mark being committed may name */
+    if (!rdv_cas(&m->pos, &old, fresh, __ATOMIC_ACQ_REL))
+        return 0; /* a producer short of space took it */
+    /* relaxed: lock-free readers (stats, inspect) find either value */
+    WRITE_ONCE(m->flags, 0);
+    WRITE_ONCE(m->payload_off, 0);
+    /* release: the stores above before the stage, as carve leaves a block */
     smp_store_release(&m->stage, RDV_MSG_WRITING);
     *pos = fresh;
     return 1;
@@ -551,11 +572,20 @@ void rdv_arena_want_space(rdv_t *h, int want) {
 }
 
 void rdv_arena_forget_wants(rdv_t *h, uint32_t entry) {
+    struct rdv_proc *p = &h->kprocs[entry];
     /* relaxed: the entry is dead, closing (ours, no producer left) or being
-     * claimed; its kept block, if any, is a block it owns, which step 5 of
-     * its reclaim (or close) frees with its views */
+     * claimed; nobody else writes these */
     rdv_fetch_and(&h->khdr->arena.space_wanting[entry / 64], ~(1ull << (entry % 64)), __ATOMIC_RELAXED);
-    WRITE_ONCE(h->kprocs[entry].kept_pos, 0);
+    uint64_t dropping = READ_ONCE(p->dropping);
+    uint64_t len;
+    /* a kept block it had given this position and not freed yet: named by
+     * nobody else, ever */
+    if (dropping && rdv_block_at(h, dropping - 1, &len))
+        rdv_arena_free(h, dropping - 1);
+    WRITE_ONCE(p->dropping, 0);
+    /* its own kept block is a view it owns: freed by step 5 of its reclaim
+     * (or close) */
+    WRITE_ONCE(p->kept_pos, 0);
 }
 
 uint64_t rdv_arena_largest_run(rdv_t *h) {

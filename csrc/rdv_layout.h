@@ -190,10 +190,13 @@ struct rdv_proc {
     uint32_t locks_held;
     uint32_t pad1;
     /* The kept block (rdv_arena.c): the position + 1 of the block this
-     * handle keeps for its next send, or 0; written by its threads with
-     * atomic exchanges, and cleared by a producer that took the block. */
+     * handle keeps for its next send, or 0, written by its threads with
+     * atomic exchanges and cleared by a producer that took the block; and
+     * the position + 1 this handle is giving another's kept block that it
+     * takes to free, or 0, for its reclaimer to finish the free. */
     uint64_t kept_pos;
-    uint32_t spare[RDV_PROC_SPARE - 9];
+    uint64_t dropping;
+    uint32_t spare[RDV_PROC_SPARE - 11];
     /* A mark change in progress (rdv_send_commit_marked, rdv_mark_set), so
      * that whoever reclaims us after a death in the middle can roll the mark
      * back if the change did not happen. One at a time per handle
@@ -284,15 +287,8 @@ struct rdv_msg {
     uint8_t dtype_len;
     uint8_t stage;        /* RDV_MSG_*: who may hold the block (see owner) */
     uint32_t sender_cpu;  /* CPU the sender ran on: a hint for the receiver's spin */
-    union {
-        struct {
-            uint16_t owner; /* process entry + 1 of the writer / receiver, 0 = none */
-            uint16_t flags; /* RDV_MSG_LEASED, HANDED, KEPT; written with stage, by the same holder */
-        };
-        /* both in one word, for the compare-and-swap that takes a kept
-         * block from its keeper (rdv_arena.c): rdv_owner_flags() */
-        uint32_t owner_flags;
-    };
+    uint16_t owner;       /* process entry + 1 of the writer / receiver, 0 = none */
+    uint16_t flags;       /* RDV_MSG_LEASED, HANDED, KEPT; written with stage, by the same holder */
     char dtype[RDV_DTYPE_MAX];
 };
 
@@ -320,11 +316,7 @@ enum { RDV_MSG_WRITING = 1, RDV_MSG_QUEUED = 2, RDV_MSG_DELIVERED = 3 };
 #define RDV_MSG_WAITERS 4
 
 _Static_assert(sizeof(struct rdv_msg) == RDV_LINE, "message header is one line");
-_Static_assert(offsetof(struct rdv_msg, owner) == 36 && offsetof(struct rdv_msg, owner_flags) == 36 &&
-                   offsetof(struct rdv_msg, flags) == 38,
-               "owner and flags share one aligned word");
-_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "rdv_owner_flags: owner is the low half");
-static inline uint32_t rdv_owner_flags(uint32_t owner, uint32_t flags) { return owner | flags << 16; }
+_Static_assert(offsetof(struct rdv_msg, pos) % 8 == 0, "a kept block's position is taken with a CAS");
 _Static_assert(offsetof(struct rdv_msg, pos) == 16, "message position (tests read it)");
 _Static_assert(offsetof(struct rdv_msg, dtype) == 40, "dtype offset");
 _Static_assert(offsetof(struct rdv_msg, stage) == 31, "message stage (tests poke it)");

@@ -174,8 +174,13 @@ int rdv_recover_dead(rdv_t *h, uint32_t *reclaimed) {
         }
         rdv_live_give_back(h, i);
     }
-    if (n)
+    if (n) {
         wake_handed(h);
+        /* and every producer waiting for space: a dead process may have
+         * freed space and died before its wake-up (or held what was just
+         * freed); a spare wake for the others */
+        rdv_wake_all(&h->khdr->arena.space_seq, &h->khdr->arena.space_sleepers);
+    }
     if (reclaimed)
         *reclaimed = n;
     return intact;

@@ -18,7 +18,9 @@ SEG_FLAGS = 64 + 32  # RDV_CREATE_* of the creator
 PROC_ENTRY = 256
 KEY_COUNT = 32  # in a process entry: net << 27 | change in progress
 MARK_RECORD = 44 + 4 * 43  # in a process entry
-KEPT_POS = 64 + 8  # in a process entry: its kept block's position + 1 (rdv_arena.c)
+# in a process entry (rdv_arena.c): its kept block's position + 1, and the position + 1 it is
+# giving another's kept block that it takes to free
+KEPT_POS, DROPPING = 64 + 8, 64 + 16
 DEAD = 100  # a process-table entry that no live process holds
 
 BUSY, FREE, END = 0x40000000, 0x80000000, 0xC0000000

@@ -15,8 +15,8 @@ import pytest
 import shmrdv
 
 from .segment_bytes import (
-    BUSY, CTL_SPACE_WANTING, DELIVERED, GRANULE_BITS, KEPT, KEPT_POS, MSG_POS, OWNER, STAGE, Segment,
-    granule_of, kind,
+    BUSY, CTL_SPACE_WANTING, DELIVERED, DROPPING, GRANULE_BITS, KEPT, KEPT_POS, MSG_POS, OWNER, STAGE,
+    Segment, granule_of, kind,
 )
 
 KiB = 1024
@@ -290,12 +290,21 @@ def test_a_kept_block_is_neither_released_nor_given_back_again(rdv, seg):
     assert rdv.try_recv("k") is None
 
 
+def _taken_by_the_dead(seg, g, dead=100):
+    """The state a producer short of space leaves when it dies between its CAS of a kept
+    block's position (to a new allocation number, recorded in its entry first) and the free."""
+    seg.dead_entry(dead)
+    old = seg.u64(seg.block(g) + MSG_POS)
+    new = (old >> GRANULE_BITS) + (1 << 20) << GRANULE_BITS | g  # a number nothing else has
+    seg.u64(seg.entry(dead) + DROPPING, new + 1)
+    seg.u64(seg.block(g) + MSG_POS, new)
+    return dead
+
+
 @pytest.mark.timeout(60)
-def test_a_process_killed_after_claiming_another_s_kept_block_leaves_it_to_its_reclaimer(rdv_name):
-    """The state a producer short of space leaves when it dies between its claim of a live
-    process's kept block (the CAS of the header's owner and flags to its own entry) and the
-    free: a view of the dead's, freed with them; the keeper, still pointing at it, lets go
-    of it at its next send."""
+def test_a_process_killed_while_freeing_another_s_kept_block_leaves_it_to_its_reclaimer(rdv_name):
+    """The keeper is alive and still points at the block; the dead taker's reclaimer frees
+    it, by the position the taker recorded."""
     ctx = multiprocessing.get_context("fork")
     with shmrdv.Rendezvous(rdv_name, size=1024 * KiB, create=True) as rdv:
         try:
@@ -307,11 +316,9 @@ def test_a_process_killed_after_claiming_another_s_kept_block_leaves_it_to_its_r
             try:
                 assert ready.wait(30)
                 [(entry, g)] = _kept(seg)
-                dead = 100
-                seg.dead_entry(dead)
-                seg.u32(seg.block(g) + OWNER, dead + 1)  # owner the dead, flags none: its claim
+                dead = _taken_by_the_dead(seg, g)
                 assert rdv.collect_garbage() == 1
-                assert kind(seg.side(g)) != BUSY
+                assert kind(seg.side(g)) != BUSY and seg.u64(seg.entry(dead) + DROPPING) == 0
                 assert rdv.stats().bytes_used == 0
                 seg.check_allocator()
             finally:
@@ -324,18 +331,17 @@ def test_a_process_killed_after_claiming_another_s_kept_block_leaves_it_to_its_r
 
 
 @pytest.mark.timeout(60)
-def test_a_keeper_whose_block_was_claimed_sends_from_the_free_lists(rdv, seg):
-    """The claim decides, not kept_pos: a keeper whose block another process claimed (and
+def test_a_keeper_whose_block_was_taken_sends_from_the_free_lists(rdv, seg):
+    """The position decides, not kept_pos: a keeper whose block another process took (and
     has not freed yet) leaves it alone."""
     rdv.send("k", np.zeros(16, np.float32))
     _receive_and_release(rdv, "k", 5)
     [(entry, g)] = _kept(seg)
-    seg.dead_entry(100)
-    seg.u32(seg.block(g) + OWNER, 101)  # claimed by entry 100, which then died
+    taken = _taken_by_the_dead(seg, g)
     rdv.send("k", np.full(16, 3, np.float32))
     assert _kept(seg) == []
     assert rdv.recv("k", timeout=5)[0] == 3
-    assert seg.u32(seg.block(g) + OWNER) == 101  # untouched: its reclaimer's to free
+    assert seg.u64(seg.block(g) + MSG_POS) == seg.u64(seg.entry(taken) + DROPPING) - 1  # untouched
     assert rdv.collect_garbage() == 1
     assert kind(seg.side(g)) != BUSY
     seg.check_allocator()
