@@ -21,6 +21,18 @@
 
 #define RDV_RECLAIM_EVERY_NS 50000000 /* 50 ms */
 
+/* A wait for space about to start: counted among the producers short of
+ * space, once (1 when it counted now), so that no block is kept from us
+ * from now on; the caller then tries once more, which finds any block
+ * kept before (rdv_arena_want_space). */
+static int count_wanting(rdv_t *h, int *wanting) {
+    if (*wanting)
+        return 0;
+    rdv_arena_want_space(h, 1);
+    *wanting = 1;
+    return 1;
+}
+
 static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
                    uint32_t dtype_len, uint32_t ndim, const int64_t *shape,
                    const int64_t *strides, uint64_t nbytes, int64_t timeout_ns,
@@ -55,13 +67,8 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
             rc = -ETIMEDOUT;
             break;
         }
-        if (!wanting) {
-            /* counted, so that no block is kept from us from now on; then
-             * one more attempt, which finds any kept before we counted */
-            rdv_arena_want_space(h, 1);
-            wanting = 1;
+        if (count_wanting(h, &wanting))
             continue;
-        }
         if (next_reclaim_ns == INT64_MAX) { /* the first attempts failed: the wait starts now */
             rdv_deadline_init(&d, timeout_ns);
             next_reclaim_ns = rdv_now_ns() + RDV_RECLAIM_EVERY_NS;
@@ -183,11 +190,8 @@ static int alloc_waiters_counted(rdv_t *h, uint32_t n, uint32_t *links, int64_t 
         int64_t left;
         if (rdv_deadline_left(&d, &left) < 0)
             return -ETIMEDOUT;
-        if (!*wanting) { /* as in do_send_begin: counted, then once more */
-            rdv_arena_want_space(h, 1);
-            *wanting = 1;
+        if (count_wanting(h, wanting))
             continue;
-        }
         rc = rdv_wait_change(h, &ka->space_seq, &ka->space_sleepers, seen, &d);
         if (rc < 0)
             return rc;

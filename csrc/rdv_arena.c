@@ -213,6 +213,13 @@ static uint32_t find(rdv_t *h, uint32_t need) {
 
 /* Cut a block of need granules from the front of the free block at g (len
  * granules, taken off its list), naming us its holder. */
+/* A new position for the block at granule g: the next allocation number.
+ * relaxed: the number only needs to be unique (carve's increment is under
+ * the lock, take_kept's is not, so both are atomic) */
+static uint64_t fresh_pos(rdv_t *h, uint32_t g) {
+    return rdv_pos_make(rdv_fetch_add(&h->khdr->arena.alloc_seq, 1, __ATOMIC_RELAXED) & SEQ_MASK, g);
+}
+
 static uint64_t carve(rdv_t *h, uint32_t g, uint32_t len, uint32_t need) {
     struct rdv_arena_ctl *ka = &h->khdr->arena;
     uint32_t rest = len - need;
@@ -224,8 +231,7 @@ static uint64_t carve(rdv_t *h, uint32_t g, uint32_t len, uint32_t need) {
         set_side(h, g + need, RDV_SIDE_FREE | rest);
         set_side(h, g + len - 1, RDV_SIDE_END | rest);
     }
-    /* atomic: take_kept numbers reused blocks without the lock */
-    uint64_t pos = rdv_pos_make(rdv_fetch_add(&ka->alloc_seq, 1, __ATOMIC_RELAXED) & SEQ_MASK, g);
+    uint64_t pos = fresh_pos(h, g);
     /* The header names its holder before the block is published: a
      * producer killed before it writes the rest is still found as the
      * owner of a WRITING block, and its space comes back. */
@@ -291,6 +297,23 @@ static int release(rdv_t *h, uint32_t g, uint32_t a) {
     ka->live_bytes -= (uint64_t)a * RDV_GRANULE;
     ka->free_bytes += (uint64_t)a * RDV_GRANULE;
     return 0;
+}
+
+/* The length of the busy block at granule g, or 0 if no busy block starts
+ * there (under the lock). */
+static uint32_t busy_len(rdv_t *h, uint32_t g) {
+    uint32_t v = side(h, g), len = RDV_SIDE_LEN(v);
+    return RDV_SIDE_KIND(v) == RDV_SIDE_BUSY && len <= h->granules - g ? len : 0;
+}
+
+/* release, once more after a repair if the lists were damaged. */
+static int release_repairing(rdv_t *h, uint32_t g, uint32_t a) {
+    int rc = release(h, g, a);
+    if (rc == -EBADMSG) {
+        rdv_arena_repair(h);
+        rc = release(h, g, a);
+    }
+    return rc;
 }
 
 void rdv_arena_repair(rdv_t *h) {
@@ -410,13 +433,6 @@ static uint32_t keep_max_granules(const rdv_t *h) {
     return cap < KEEP_MAX_BYTES / RDV_GRANULE ? cap : KEEP_MAX_BYTES / RDV_GRANULE;
 }
 
-/* A new position for the block at granule g: the next allocation number.
- * relaxed: the number only needs to be unique (carve's increment is under
- * the lock, take_kept's is not, so both are atomic) */
-static uint64_t fresh_pos(rdv_t *h, uint32_t g) {
-    return rdv_pos_make(rdv_fetch_add(&h->khdr->arena.alloc_seq, 1, __ATOMIC_RELAXED) & SEQ_MASK, g);
-}
-
 /* Whether a producer is short of space. Relaxed: the caller orders it
  * after its own store with a full barrier where the handshake needs it. */
 static int space_wanted(const rdv_t *h) {
@@ -475,26 +491,19 @@ int rdv_arena_drop_kept(rdv_t *h, uint32_t entry) {
     struct rdv_arena_ctl *ka = &h->khdr->arena;
     int freed = 0;
     rdv_lock(h, &ka->lock); /* no free or carve under us: only the keeper's CAS */
-    uint32_t v = side(h, g), len = RDV_SIDE_LEN(v);
+    uint32_t len = busy_len(h, g);
     struct rdv_msg *m = rdv_msg_at(h, pos);
     /* relaxed under the lock: the keeper changes the block only after
      * winning the CAS below */
-    if (RDV_SIDE_KIND(v) == RDV_SIDE_BUSY && len && len <= h->granules - g && READ_ONCE(m->pos) == pos &&
-        READ_ONCE(m->stage) == RDV_MSG_DELIVERED && READ_ONCE(m->owner) == entry + 1 &&
-        READ_ONCE(m->flags) == RDV_MSG_KEPT) {
+    if (len && READ_ONCE(m->pos) == pos && READ_ONCE(m->stage) == RDV_MSG_DELIVERED &&
+        READ_ONCE(m->owner) == entry + 1 && READ_ONCE(m->flags) == RDV_MSG_KEPT) {
         uint64_t mine = fresh_pos(h, g);
         /* relaxed: read by our reclaimer only, after our death (the CAS's
          * seq_cst orders it first) */
         WRITE_ONCE(me->dropping, mine + 1);
         /* seq_cst: decides against the keeper's CAS in take_kept */
-        if (rdv_cas(&m->pos, &pos, mine, __ATOMIC_SEQ_CST)) {
-            int rc = release(h, g, len);
-            if (rc == -EBADMSG) {
-                rdv_arena_repair(h);
-                rc = release(h, g, len);
-            }
-            freed = rc == 0;
-        }
+        if (rdv_cas(&m->pos, &pos, mine, __ATOMIC_SEQ_CST))
+            freed = release_repairing(h, g, len) == 0;
         WRITE_ONCE(me->dropping, 0);
     }
     rdv_unlock(h, &ka->lock);
@@ -605,7 +614,7 @@ uint64_t rdv_arena_largest_run(rdv_t *h) {
         const struct rdv_msg *m = (const struct rdv_msg *)(h->karena + (uint64_t)g * RDV_GRANULE);
         uint64_t pos = READ_ONCE(m->pos); /* relaxed: checked by rdv_block_at */
         int kept = RDV_SIDE_KIND(v) == RDV_SIDE_BUSY && rdv_pos_granule(pos) == g && rdv_block_at(h, pos, &len) &&
-                   READ_ONCE(m->stage) == RDV_MSG_DELIVERED && (READ_ONCE(m->flags) & RDV_MSG_KEPT);
+                   rdv_msg_kept(m);
         run = RDV_SIDE_KIND(v) == RDV_SIDE_FREE || kept ? run + n : 0;
         if (run > longest)
             longest = run;
@@ -670,20 +679,14 @@ static int free_owned(rdv_t *h, uint64_t pos, uint32_t who) {
     uint32_t g = (uint32_t)g64;
     struct rdv_arena_ctl *ka = &h->khdr->arena;
     rdv_lock(h, &ka->lock);
-    uint32_t v = side(h, g), len = RDV_SIDE_LEN(v);
+    uint32_t len = busy_len(h, g);
     int rc = -EINVAL;
     const struct rdv_msg *m = rdv_msg_at(h, pos);
     /* a busy block that still names itself: not freed already, nor a later
      * block at the same place (positions carry the allocation's number);
-     * relaxed: its owner, changed only by the holder (a claim) */
-    if (RDV_SIDE_KIND(v) == RDV_SIDE_BUSY && len && len <= h->granules - g && m->pos == pos &&
-        (who == 0 || READ_ONCE(m->owner) == who)) {
-        rc = release(h, g, len);
-        if (rc == -EBADMSG) {
-            rdv_arena_repair(h);
-            rc = release(h, g, len);
-        }
-    }
+     * relaxed: its owner, changed only by its holder */
+    if (len && m->pos == pos && (who == 0 || READ_ONCE(m->owner) == who))
+        rc = release_repairing(h, g, len);
     rdv_unlock(h, &ka->lock);
     if (rc == 0)
         wake_space(h);

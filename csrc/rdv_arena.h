@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "rdv_atomic.h"
 #include "rdv_handle.h"
 
 /* The creator's first step: the whole arena one free block. */
@@ -60,6 +61,12 @@ void rdv_arena_usage(rdv_t *h, uint64_t *live_bytes, uint64_t *free_bytes, uint6
                      uint64_t *live_blocks);
 
 static inline uint32_t rdv_link_of(uint64_t pos) { return (uint32_t)rdv_pos_granule(pos) + 1; }
+/* Whether m is a kept block (see "the kept block" in rdv_arena.c). relaxed:
+ * a look at a header its holder may be changing; callers that act on it
+ * decide with a CAS or under the lock */
+static inline int rdv_msg_kept(const struct rdv_msg *m) {
+    return READ_ONCE(m->stage) == RDV_MSG_DELIVERED && (READ_ONCE(m->flags) & RDV_MSG_KEPT);
+}
 static inline struct rdv_msg *rdv_msg_at(const rdv_t *h, uint64_t pos) {
     return (struct rdv_msg *)(h->karena + rdv_pos_granule(pos) * RDV_GRANULE);
 }

@@ -32,9 +32,8 @@ static int do_stats(rdv_t *h, struct rdv_stats *out) {
     for (uint32_t g = 0; (m = rdv_arena_next(h, &g)); rdv_arena_step(h, &g)) {
         uint64_t len;
         /* relaxed: a snapshot */
-        uint32_t stage = READ_ONCE(m->stage);
-        int kept = stage == RDV_MSG_DELIVERED && (READ_ONCE(m->flags) & RDV_MSG_KEPT);
-        if ((stage == RDV_MSG_WAITERS || kept) && rdv_block_at(h, m->pos, &len) && out->bytes_used >= len &&
+        int kept = rdv_msg_kept(m);
+        if ((READ_ONCE(m->stage) == RDV_MSG_WAITERS || kept) && rdv_block_at(h, m->pos, &len) && out->bytes_used >= len &&
             out->live_blocks) {
             /* a kept block is free space its keeper's next send reuses, and
              * a producer short of space frees */
@@ -100,7 +99,7 @@ static int do_keys(rdv_t *h, struct rdv_key_info *out, uint32_t cap, uint32_t *n
 int rdv_keys(rdv_t *h, struct rdv_key_info *out, uint32_t cap, uint32_t *n) { WITH_REF(h, do_keys(h, out, cap, n)); }
 
 static void count_holding(struct rdv_proc_info *pi, const struct rdv_msg *m, uint64_t len) {
-    if (m->owner != pi->entry + 1 || (m->flags & RDV_MSG_KEPT))
+    if (m->owner != pi->entry + 1 || rdv_msg_kept(m))
         return; /* a kept block is no view (rdv_arena.c) */
     if (m->stage == RDV_MSG_DELIVERED) {
         pi->views++;

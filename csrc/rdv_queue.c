@@ -243,8 +243,8 @@ int rdv_queue_give_back_many(rdv_t *h, const uint64_t *pos, uint32_t n) {
         uint64_t len;
         struct rdv_msg *m = ms[i] = rdv_block_at(h, pos[i], &len);
         /* relaxed: our own views' headers (a kept block is no view) */
-        if (!m || READ_ONCE(m->stage) != RDV_MSG_DELIVERED || m->owner != h->me + 1 ||
-            (READ_ONCE(m->flags) & RDV_MSG_KEPT) || !rdv_msg_key_fits(m, len))
+        if (!m || READ_ONCE(m->stage) != RDV_MSG_DELIVERED || m->owner != h->me + 1 || rdv_msg_kept(m) ||
+            !rdv_msg_key_fits(m, len))
             return -EINVAL;
         if (i && (m->key_len != ms[0]->key_len || memcmp(rdv_msg_key(m), rdv_msg_key(ms[0]), m->key_len) != 0))
             return -EINVAL;

@@ -122,9 +122,8 @@ static void reclaim_entry(rdv_t *h, uint32_t dead) {
     reclaim_waiters(h, dead);
     rdv_lease_recover(h, dead);
     rdv_arena_forget_wants(h, dead); /* its bit among producers short of space; its kept block: step 5 */
-    /* Step 5: nobody else changes the dead's blocks (but a producer short
-     * of space may free its kept block), so the lock-free walk sees every
-     * one of them. */
+    /* Step 5: nobody else changes the dead's blocks (but for its kept
+     * block, below), so the lock-free walk sees every one of them. */
     struct rdv_msg *m;
     for (uint32_t g = 0; (m = rdv_arena_next(h, &g)); rdv_arena_step(h, &g)) {
         /* Owner checked again under the lock: a producer short of space may
