@@ -156,6 +156,28 @@ def rdv_name():
 
 
 @pytest.fixture
+def seg(rdv):
+    """rdv's segment bytes as tests/segment_bytes.py reads and pokes them."""
+    from .segment_bytes import Segment  # it imports this module
+
+    s = Segment(rdv.name)
+    yield s
+    s.close()
+
+
+def fill(rdv, key, array):
+    """Send array under key until the arena has no room for one more (timeout=0):
+    how many were sent."""
+    sent = 0
+    while True:
+        try:
+            rdv.send(key, array, timeout=0)
+        except shmrdv.RendezvousTimeout:
+            return sent
+        sent += 1
+
+
+@pytest.fixture
 def rdv(rdv_name):
     """A fresh 4 MiB rendezvous, closed and unlinked afterwards."""
     rendezvous = shmrdv.Rendezvous(rdv_name, size=4 * MiB, create=True)

@@ -9,7 +9,7 @@ import shmrdv
 from shmrdv import _fastpath, batches
 
 from . import workers
-from .conftest import swap_caches
+from .conftest import fill, swap_caches
 
 
 class _CountingLib:
@@ -178,13 +178,7 @@ def test_space_a_dead_process_held_is_reclaimed_for_a_blocked_batch(rdv_name, ch
     with shmrdv.Rendezvous(rdv_name, create=True, size=64 << 10) as small:
         try:
             block = np.zeros(8000, np.uint8)
-            sent = 0
-            while True:
-                try:
-                    small.send("k", block, timeout=0)
-                    sent += 1
-                except shmrdv.RendezvousTimeout:
-                    break
+            sent = fill(small, "k", block)
             queue = children.context.Queue()
             children.start(workers.take_all_and_exit, rdv_name, "k", sent, queue)
             assert queue.get(timeout=60) == sent

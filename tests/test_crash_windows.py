@@ -8,15 +8,8 @@ import pytest
 
 from .segment_bytes import (
     BUSY, CTL_LOCK, CTL_SEQ, DEAD, DELIVERED, END, FREE, GRANULE_BITS, MSG_POS, OWNER, STAGE,
-    WRITING, Segment, class_of,
+    WRITING, class_of,
 )
-
-
-@pytest.fixture
-def seg(rdv):
-    s = Segment(rdv.name)
-    yield s
-    s.close()
 
 
 def _round_trip(rdv, n=20):

@@ -3,6 +3,7 @@ its block for its next send. What must hold: the next send reuses it; nothing co
 used or as a view; a producer short of space frees it, in any process, and is never left
 waiting while one is kept; the keeper's close or death frees it; a leased view once released
 is not given back when its receiver dies."""
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -14,19 +15,13 @@ import pytest
 
 import shmrdv
 
+from .conftest import fill
 from .segment_bytes import (
     BUSY, CTL_SPACE_WANTING, DELIVERED, DROPPING, GRANULE_BITS, KEPT, KEPT_POS, MSG_POS, OWNER, STAGE,
     Segment, granule_of, kind,
 )
 
 KiB = 1024
-
-
-@pytest.fixture
-def seg(rdv):
-    s = Segment(rdv.name)
-    yield s
-    s.close()
 
 
 def _kept(seg):
@@ -103,15 +98,10 @@ def test_large_messages_are_never_kept(rdv, seg):
 
 @pytest.mark.timeout(60)
 def test_a_producer_short_of_space_frees_the_block_another_process_keeps(rdv_name):
-    ctx = multiprocessing.get_context("fork")
     with shmrdv.Rendezvous(rdv_name, size=64 * KiB, create=True) as rdv:
         try:
             rdv.send("small", np.zeros(16, np.float32))
-            ready, done = ctx.Event(), ctx.Event()
-            child = ctx.Process(target=_keep_one_and_wait, args=(rdv_name, ready, done))
-            child.start()
-            try:
-                assert ready.wait(30)
+            with _keeper(rdv_name):
                 seg = Segment(rdv_name)
                 try:
                     assert len(_kept(seg)) == 1  # the child's
@@ -123,12 +113,24 @@ def test_a_producer_short_of_space_frees_the_block_another_process_keeps(rdv_nam
                 finally:
                     seg.close()
                 assert rdv.recv("whole", timeout=5).nbytes == room
-            finally:
-                done.set()
-                child.join(30)
-            assert child.exitcode == 0
         finally:
             rdv.unlink()
+
+
+@contextlib.contextmanager
+def _keeper(name):
+    """A child that receives "small", keeps its block and waits; it must exit cleanly."""
+    ctx = multiprocessing.get_context("fork")
+    ready, done = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_keep_one_and_wait, args=(name, ready, done))
+    child.start()
+    try:
+        assert ready.wait(30)
+        yield
+    finally:
+        done.set()
+        child.join(30)
+    assert child.exitcode == 0
 
 
 def _keep_one_and_wait(name, ready, done):
@@ -145,14 +147,7 @@ def test_a_view_released_while_a_producer_waits_for_space_is_freed_not_kept(rdv_
     ctx = multiprocessing.get_context("fork")
     with shmrdv.Rendezvous(rdv_name, size=64 * KiB, create=True) as rdv:
         try:
-            item = np.zeros(200, np.uint8)  # a block of 384 B: kept if nobody wanted space
-            n = 0
-            while True:
-                try:
-                    rdv.send("fill", item, timeout=0)
-                    n += 1
-                except shmrdv.RendezvousTimeout:
-                    break
+            n = fill(rdv, "fill", np.zeros(200, np.uint8))  # blocks of 384 B: kept if nobody wanted space
             seg = Segment(rdv_name)
             try:
                 producer = ctx.Process(target=_send_late, args=(rdv_name,))
@@ -305,27 +300,20 @@ def _taken_by_the_dead(seg, g, dead=100):
 def test_a_process_killed_while_freeing_another_s_kept_block_leaves_it_to_its_reclaimer(rdv_name):
     """The keeper is alive and still points at the block; the dead taker's reclaimer frees
     it, by the position the taker recorded."""
-    ctx = multiprocessing.get_context("fork")
     with shmrdv.Rendezvous(rdv_name, size=1024 * KiB, create=True) as rdv:
         try:
             rdv.send("small", np.zeros(16, np.float32))
-            ready, done = ctx.Event(), ctx.Event()
-            keeper = ctx.Process(target=_keep_one_and_wait, args=(rdv_name, ready, done))
-            keeper.start()
-            seg = Segment(rdv_name)
-            try:
-                assert ready.wait(30)
-                [(entry, g)] = _kept(seg)
-                dead = _taken_by_the_dead(seg, g)
-                assert rdv.collect_garbage() == 1
-                assert kind(seg.side(g)) != BUSY and seg.u64(seg.entry(dead) + DROPPING) == 0
-                assert rdv.stats().bytes_used == 0
-                seg.check_allocator()
-            finally:
-                seg.close()
-                done.set()
-                keeper.join(30)
-            assert keeper.exitcode == 0
+            with _keeper(rdv_name):
+                seg = Segment(rdv_name)
+                try:
+                    [(entry, g)] = _kept(seg)
+                    dead = _taken_by_the_dead(seg, g)
+                    assert rdv.collect_garbage() == 1
+                    assert kind(seg.side(g)) != BUSY and seg.u64(seg.entry(dead) + DROPPING) == 0
+                    assert rdv.stats().bytes_used == 0
+                    seg.check_allocator()
+                finally:
+                    seg.close()
         finally:
             rdv.unlink()
 

@@ -145,13 +145,6 @@ def test_plain_views_of_a_killed_receiver_are_still_freed(rdv, children):
 # ---- crash windows, forced through the segment's bytes -----------------------------------
 
 
-@pytest.fixture
-def seg(rdv):
-    s = Segment(rdv.name)
-    yield s
-    s.close()
-
-
 def _send_values(rdv, key, values):
     for v in values:
         rdv.send(key, np.array([v], dtype=np.uint64))

@@ -72,13 +72,6 @@ def _drain(rdv, key):
 
 
 
-@pytest.fixture
-def seg(rdv):
-    s = Segment(rdv.name)
-    yield s
-    s.close()
-
-
 # ---- the API ------------------------------------------------------------------------
 
 
