@@ -25,12 +25,9 @@
 #include "rdv_coll.h"
 #include "rdv_os.h"
 #include "rdv_reduce.h"
+#include "rdv_spin.h"
 
 #define RDV_COLL_SLICE_NS 50000000LL /* 50 ms: how soon a death or a signal is seen */
-#define SPIN_MIN_NS 2000
-#define SPIN_MAX_NS 200000
-#define SPIN_START_NS 50000
-#define SPIN_CHECK_EVERY 64
 #define REASON_STRIDE 1088 /* a rank's abort reason: length word + text, 64-aligned */
 
 struct rdv_group {
@@ -61,7 +58,7 @@ struct rdv_group {
     int one_shot;
     uint32_t p0, phase, nphases;
     int produced;        /* this phase's produce and arrive are done */
-    int spun;            /* this phase's wait has spun already */
+    int spun;            /* this phase's wait: 1 spun, 2 slept after, 3 slept after a spin cut short (crowded) */
     int64_t wait_from;   /* when this phase's wait began */
     int forever;
     int64_t deadline;
@@ -169,8 +166,8 @@ static rdv_group_t *new_handle(uint8_t *base, uint64_t len, int lock_fd, uint32_
     g->slot = slot;
     /* More ranks than CPUs: a rank that spins takes the CPU a laggard needs,
      * so spin only as long as a wake-up takes to start. */
-    g->spin_max_ns = world > rdv_cpus() ? SPIN_MIN_NS : SPIN_MAX_NS;
-    g->spin_ns = g->spin_max_ns < SPIN_START_NS ? g->spin_max_ns : SPIN_START_NS;
+    g->spin_max_ns = world > rdv_cpus() ? RDV_SPIN_MIN_NS : RDV_SPIN_MAX_NS;
+    g->spin_ns = g->spin_max_ns < RDV_SPIN_START_NS ? g->spin_max_ns : RDV_SPIN_START_NS;
     g->timeout_ns = -1; /* none, until rdv_coll_set_timeout */
     pthread_mutex_init(&g->abort_lock, NULL);
     return g;
@@ -612,17 +609,17 @@ static void publish(rdv_group_t *g, uint32_t P) {
         rdv_futex_wake_all(&me->arrive);
 }
 
-static int spin_for(rdv_group_t *g, uint32_t r, uint32_t target, int64_t budget) {
-    int64_t start = rdv_now_ns();
+static int spin_for(rdv_group_t *g, uint32_t r, uint32_t target, int64_t budget, struct rdv_spin *spin) {
+    rdv_spin_begin(spin);
     for (;;) {
-        for (int k = 0; k < SPIN_CHECK_EVERY; k++) {
+        for (int k = 0; k < RDV_SPIN_CHECK_EVERY; k++) {
             /* relaxed: a hint to stop spinning; behind() re-reads with acquire */
             if ((int32_t)(READ_ONCE(g->ranks[r].arrive) - target) >= 0)
                 return 1;
             rdv_cpu_relax();
         }
         /* relaxed: a hint to stop spinning; wait_all's check_state acquires */
-        if (READ_ONCE(g->hdr->state) != RDV_COLL_RUNNING || rdv_now_ns() - start >= budget)
+        if (READ_ONCE(g->hdr->state) != RDV_COLL_RUNNING || !rdv_spin_on(spin, budget))
             return 0;
     }
 }
@@ -637,9 +634,9 @@ static int wait_all(rdv_group_t *g, uint32_t P, struct rdv_coll_status *st) {
         if (lag < 0) {
             /* a wait that slept but ended soon: a longer spin would have caught it */
             int64_t waited = rdv_now_ns() - g->wait_from;
-            if (g->spun == 2 && waited < SPIN_MAX_NS && g->spin_ns < g->spin_max_ns)
+            if (g->spun == 2 && waited < RDV_SPIN_MAX_NS && g->spin_ns < g->spin_max_ns)
                 g->spin_ns *= 2;
-            else if (waited > 16 * SPIN_MAX_NS && g->spin_ns > SPIN_MIN_NS)
+            else if (waited > 16 * RDV_SPIN_MAX_NS && g->spin_ns > RDV_SPIN_MIN_NS)
                 g->spin_ns /= 2;
             return 0;
         }
@@ -662,10 +659,14 @@ static int wait_all(rdv_group_t *g, uint32_t P, struct rdv_coll_status *st) {
             int64_t budget = same_cpu ? 0 : g->spin_ns;
             if (!g->forever && g->deadline - now < budget)
                 budget = g->deadline - now;
-            if (budget > 0 && spin_for(g, (uint32_t)lag, target, budget))
+            struct rdv_spin spin = {0};
+            if (budget > 0 && spin_for(g, (uint32_t)lag, target, budget, &spin))
                 continue;
+            if (spin.crowded)
+                g->spun = 3; /* what follows says nothing about the budget */
         }
-        g->spun = 2;
+        if (g->spun != 3)
+            g->spun = 2;
         int64_t left = RDV_COLL_SLICE_NS - (now - entered);
         if (!g->forever && g->deadline - now < left)
             left = g->deadline - now;

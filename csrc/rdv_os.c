@@ -42,6 +42,52 @@ uint32_t rdv_cpus(void) {
 
 void rdv_yield(void) { sched_yield(); }
 
+/* /proc/loadavg, opened on first use and kept (pread from 0 needs no
+ * shared offset, so threads and forked children may share it); -2 once it
+ * is known not to open. */
+static int loadavg_fd = -1;
+static uint32_t cpus_online;
+
+static int loadavg(void) {
+    int fd = READ_ONCE(loadavg_fd); /* relaxed: a process-local cache; a race opens it twice */
+    if (fd != -1)
+        return fd;
+    WRITE_ONCE(cpus_online, rdv_cpus()); /* before the fd is seen: readers of both */
+    fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    int want = fd < 0 ? -2 : fd, was = -1;
+    if (!rdv_cas(&loadavg_fd, &was, want, __ATOMIC_RELAXED)) {
+        if (fd >= 0)
+            close(fd); /* another thread's is kept */
+        return was;
+    }
+    return want;
+}
+
+int rdv_cpus_oversubscribed(void) {
+    int fd = loadavg();
+    if (fd < 0)
+        return 0;
+    /* "0.12 0.12 0.05 3/83 15855": the fourth field is runnable/all tasks */
+    char buf[128];
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *p = buf;
+    for (int field = 0; field < 3; field++) {
+        while (*p && *p != ' ')
+            p++;
+        if (*p)
+            p++;
+    }
+    unsigned long running = 0;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9' && digits < 9; p++, digits++)
+        running = running * 10 + (unsigned long)(*p - '0');
+    uint32_t cpus = READ_ONCE(cpus_online); /* relaxed: written before the fd by this thread or one before */
+    return digits && *p == '/' && cpus && running > cpus;
+}
+
 int rdv_pid(void) { return getpid(); }
 
 int rdv_futex_wait(uint32_t *kword, uint32_t expected, int64_t timeout_ns) {

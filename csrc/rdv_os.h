@@ -12,6 +12,10 @@ uint64_t rdv_wall_ns(void);    /* CLOCK_REALTIME, for humans */
 uint32_t rdv_cpu(void);        /* the CPU this thread runs on now */
 uint32_t rdv_cpus(void);       /* CPUs online (at least 1) */
 void rdv_yield(void);
+/* 1 if more tasks are runnable on the machine than it has CPUs online (a
+ * spinner then keeps a CPU from someone who needs it), 0 if not or if it
+ * cannot tell. About 1 us: it reads /proc/loadavg. */
+int rdv_cpus_oversubscribed(void);
 int rdv_pid(void);          /* getpid() */
 
 /* FUTEX_WAIT on a shared word: 0 when woken or the word differs, -ETIMEDOUT,

@@ -5,8 +5,8 @@
 #include "rdv_atomic.h"
 #include "rdv_os.h"
 #include "rdv_segment.h"
+#include "rdv_spin.h"
 
-#define RDV_INITIAL_SPIN_NS 50000
 #define RDV_MAX_KEYS (1u << 24)
 
 static uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
@@ -123,7 +123,7 @@ static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
     h->cap = l->arena_size;
     h->granules = (uint32_t)(l->arena_size / RDV_GRANULE);
     h->slot_mask = l->slots - 1;
-    h->spin_ns = RDV_INITIAL_SPIN_NS;
+    h->spin_ns = RDV_SPIN_START_NS;
     h->refs = 1;
     h->pid = rdv_pid();
     pthread_mutex_init(&h->mark_lock, NULL);

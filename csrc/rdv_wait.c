@@ -8,14 +8,9 @@
 
 #include "rdv_atomic.h"
 #include "rdv_os.h"
+#include "rdv_spin.h"
 #include "rdv_wait.h"
 
-/* Spin budget bounds. Waking a sleeper on another vCPU costs ~50-100 us on
- * the VMs we measured, a spin that catches the change costs a few us; a
- * receiver that keeps waiting past the budget goes to sleep and uses no CPU. */
-#define RDV_SPIN_MIN_NS 2000
-#define RDV_SPIN_MAX_NS 200000
-#define RDV_SPIN_CHECK_EVERY 64 /* pause iterations between clock reads and yields */
 /* How long a waiter whose waker shares its CPU yields to it before it
  * sleeps: a few of the waker's turns (a round trip of Python code is
  * 10-30 us), short enough that a waiter nobody serves soon uses almost no
@@ -55,12 +50,12 @@ int rdv_is_aborted(const rdv_t *h) {
     return smp_load_acquire(&h->khdr->abort_state) != RDV_RUNNING;
 }
 
-/* Spin until *kword != seen, abort, or the budget runs out. No sched_yield:
- * with an unrelated task on this CPU a yield can cost a whole time slice
- * (milliseconds); a waker that shares our CPU is yielded to instead
- * (yield_for_change). */
-static int spin_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t budget_ns) {
-    int64_t start = rdv_now_ns();
+/* Spin until *kword != seen, abort, or the spin ends (rdv_spin_on): 1 when
+ * the word changed. No sched_yield: with an unrelated task on this CPU a
+ * yield can cost a whole time slice (milliseconds); a waker that shares
+ * our CPU is yielded to instead (yield_for_change). */
+static int spin_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t budget_ns, struct rdv_spin *spin) {
+    rdv_spin_begin(spin);
     for (;;) {
         for (int i = 0; i < RDV_SPIN_CHECK_EVERY; i++) {
             /* relaxed: only a hint to stop spinning; the caller re-reads the
@@ -69,7 +64,7 @@ static int spin_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t bud
                 return 1;
             rdv_cpu_relax();
         }
-        if (rdv_is_aborted(h) || rdv_now_ns() - start >= budget_ns)
+        if (rdv_is_aborted(h) || !rdv_spin_on(spin, budget_ns))
             return 0;
     }
 }
@@ -124,8 +119,9 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t see
      * we spin, so yield to it for a while instead, then sleep. The spin
      * budget is left alone: it is learned from wakers on other CPUs. */
     int same_cpu = __builtin_popcount(READ_ONCE(*same_cpu_history(h, kword))) >= 2;
+    struct rdv_spin spin = {0};
     if (same_cpu ? yield_for_change(h, kword, seen, RDV_YIELD_NS < left ? RDV_YIELD_NS : left)
-                 : spin_for_change(h, kword, seen, budget < left ? budget : left)) {
+                 : spin_for_change(h, kword, seen, budget < left ? budget : left, &spin)) {
         note_space_waker(h, kword);
         return 0;
     }
@@ -155,8 +151,8 @@ int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t see
      * would have caught it (and saved the wake-up, which costs more); a wait
      * far beyond it means the peer is slow and spinning is waste. */
     int64_t waited = rdv_now_ns() - t0;
-    if (same_cpu)
-        ; /* nothing learned about spinning */
+    if (same_cpu || spin.crowded)
+        ; /* nothing learned about spinning: it was not up to the budget */
     else if (rc == 0 && waited < RDV_SPIN_MAX_NS && budget < RDV_SPIN_MAX_NS)
         WRITE_ONCE(h->spin_ns, budget * 2);
     else if (waited > 16 * RDV_SPIN_MAX_NS && budget > RDV_SPIN_MIN_NS)

@@ -9,9 +9,9 @@ from .conftest import ROOT, build_sanitized, run_c_program
 BELOW_LAYER_4 = ["rdv_os.c", "rdv_wait.c", "rdv_segment.c", "rdv_live.c", "rdv_lock.c"]
 
 
-def _build_and_run(tmp_path, name: str, layer: str, timeout: float):
+def _build_and_run(tmp_path, name: str, layer: str, timeout: float, below=BELOW_LAYER_4):
     exe = tmp_path / name
-    build_sanitized(ROOT / "tests" / "c" / f"{name}.c", exe, sources=[*BELOW_LAYER_4, layer])
+    build_sanitized(ROOT / "tests" / "c" / f"{name}.c", exe, sources=[*below, layer])
     run = run_c_program(exe, f"t-cunit-{name}", timeout=timeout)
     assert run.returncode == 0, run.stdout + run.stderr
     return run
@@ -32,3 +32,12 @@ def test_index_unit(tmp_path):
     run = _build_and_run(tmp_path, "unit_index", "rdv_index.c", timeout=60)
     for part in ("basic: ok", "tombstones: ok", "full: 64 slots, ok", "dead holder: ok", "all passed"):
         assert f"unit_index: {part}" in run.stdout, run.stdout
+
+
+@pytest.mark.timeout(120)
+def test_spin_unit(tmp_path):
+    """A spin's clock over rdv_os.c alone: more busy tasks than CPUs cut a spin short past its
+    free window (never within it), and with a CPU to spare a spin runs out its budget."""
+    run = _build_and_run(tmp_path, "unit_spin", "rdv_os.c", timeout=60, below=[])
+    for part in ("crowded: ", "spare: ok", "all passed"):
+        assert f"unit_spin: {part}" in run.stdout, run.stdout

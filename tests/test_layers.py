@@ -42,9 +42,10 @@ LAYERS = {
     "rdv_atomic": 0,
     "rdv_layout": 0,
     "rdv_handle": 0,
-    # L1: OS calls; the collectives' arithmetic (pure computation)
+    # L1: OS calls; a spin's clock; the collectives' arithmetic (pure computation)
     "rdv_os": 1,
     "rdv_reduce": 1,
+    "rdv_spin": 1,
     # L2: waits, segments, liveness
     "rdv_wait": 2,
     "rdv_segment": 2,
