@@ -6,13 +6,13 @@ one CPU, and prints each build's medians per run, sorted, and their median:
 the way to compare a hot-path change with the build before it on a noisy
 machine. Run it from outside the checkout, so that each interpreter imports
 its own installed shmrdv."""
-import argparse
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+import ab_builds  # a sibling: the script runs as a file, from outside the checkout
 
 
 def echo(name: str, cpu: int, rounds: int) -> None:
@@ -53,20 +53,13 @@ def measure(placement: str, rounds: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("old", help="the Python of the build before the change")
-    parser.add_argument("new", help="the Python of the build with it")
-    parser.add_argument("--pairs", type=int, default=8)
+    parser = ab_builds.parser(__doc__, pairs=8)
     parser.add_argument("--rounds", type=int, default=20000)
     args = parser.parse_args()
     for placement in ("apart", "same"):
-        runs = {"old": [], "new": []}
-        for _ in range(args.pairs):
-            for build in ("old", "new"):
-                out = subprocess.run([getattr(args, build), __file__, "--run", placement, str(args.rounds)],
-                                     check=True, capture_output=True, text=True).stdout
-                runs[build].append(float(out))
-        for build, medians in runs.items():
+        runs = ab_builds.alternate(args, __file__, [placement, str(args.rounds)])
+        for build, figures in runs.items():
+            medians = [f[0] for f in figures]
             print(f"64 B round trip, {placement}, {build}: median {statistics.median(medians):.1f} us over "
                   f"{args.pairs} runs (runs: {', '.join(f'{m:.1f}' for m in sorted(medians))})")
 

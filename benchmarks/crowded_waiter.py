@@ -7,13 +7,13 @@ tasks are runnable than two CPUs. It prints the receiver's CPU per message
 per run, sorted, and the hogs' work per second (what a spinning receiver
 takes from them). Run it from outside the checkout, so that each interpreter
 imports its own installed shmrdv."""
-import argparse
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+import ab_builds  # a sibling: the script runs as a file, from outside the checkout
 
 GAPS_US = (30, 100, 300)
 
@@ -73,19 +73,11 @@ def measure(gap_us: float, messages: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("old", help="the Python of the build before the change")
-    parser.add_argument("new", help="the Python of the build with it")
-    parser.add_argument("--pairs", type=int, default=3)
+    parser = ab_builds.parser(__doc__, pairs=3)
     parser.add_argument("--messages", type=int, default=20000)
     args = parser.parse_args()
     for gap in GAPS_US:
-        runs = {"old": [], "new": []}
-        for _ in range(args.pairs):
-            for build in ("old", "new"):
-                out = subprocess.run([getattr(args, build), __file__, "--run", str(gap), str(args.messages)],
-                                     check=True, capture_output=True, text=True, timeout=300).stdout.split()
-                runs[build].append((float(out[0]), float(out[1])))
+        runs = ab_builds.alternate(args, __file__, [str(gap), str(args.messages)])
         for build, figures in runs.items():
             cpu = sorted(f[0] for f in figures)
             hogs = statistics.median(f[1] for f in figures)
