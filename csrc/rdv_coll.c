@@ -634,7 +634,9 @@ static int wait_all(rdv_group_t *g, uint32_t P, struct rdv_coll_status *st) {
         if (lag < 0) {
             /* a wait that slept but ended soon: a longer spin would have caught it */
             int64_t waited = rdv_now_ns() - g->wait_from;
-            if (g->spun == 2 && waited < RDV_SPIN_MAX_NS && g->spin_ns < g->spin_max_ns)
+            if (g->spun == 3)
+                ; /* the spin was cut short (crowded): nothing learned about its budget */
+            else if (g->spun == 2 && waited < RDV_SPIN_MAX_NS && g->spin_ns < g->spin_max_ns)
                 g->spin_ns *= 2;
             else if (waited > 16 * RDV_SPIN_MAX_NS && g->spin_ns > RDV_SPIN_MIN_NS)
                 g->spin_ns /= 2;
