@@ -42,68 +42,24 @@ uint32_t rdv_cpus(void) {
 
 void rdv_yield(void) { sched_yield(); }
 
-/* /proc/loadavg, opened on first use and kept (pread from 0 needs no
- * shared offset, so threads and forked children may share it): -1 not yet,
- * -2 once it is known not to open. Its device and inode, and the CPU count,
- * are written before the first fd is published, and never change after. A
- * program may close our fd behind us (a daemon's close-all after fork) and
- * get its number back for a file of its own: each look checks the fd is
- * still /proc/loadavg (fstat, ~0.2 us) and opens it anew if not, so we never
- * read, or close, a file that is not ours. */
-static int loadavg_fd = -1;
-static dev_t loadavg_dev;
-static ino_t loadavg_ino;
+/* CPUs online, read at the first look: sysconf reads sysfs, too slow for
+ * every look (a CPU brought online later is not seen). */
 static uint32_t cpus_online;
 
-static int is_loadavg(int fd) {
-    struct stat st;
-    /* relaxed: written once, before the fd the caller acquired */
-    return fstat(fd, &st) == 0 && st.st_dev == READ_ONCE(loadavg_dev) && st.st_ino == READ_ONCE(loadavg_ino);
-}
-
-static int loadavg(void) {
-    /* acquire: consumes loadavg_dev/ino and cpus_online, released with the fd below */
-    int fd = smp_load_acquire(&loadavg_fd);
-    if (fd == -2)
-        return -1;
-    if (fd >= 0 && is_loadavg(fd))
-        return fd;
-    int mine = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-    if (mine < 0) {
-        int was = fd; /* never there: stop trying; out of fds and the like: try at a later look */
-        if (errno == ENOENT || errno == EACCES || errno == ENOTDIR)
-            rdv_cas(&loadavg_fd, &was, -2, __ATOMIC_RELAXED);
-        return -1;
-    }
-    if (fd == -1) { /* the first open: what the file is (a race writes the same values twice) */
-        struct stat st;
-        if (fstat(mine, &st) != 0) {
-            close(mine);
-            return -1;
-        }
-        WRITE_ONCE(loadavg_dev, st.st_dev);
-        WRITE_ONCE(loadavg_ino, st.st_ino);
-        WRITE_ONCE(cpus_online, rdv_cpus());
-    } else if (!is_loadavg(mine)) {
-        close(mine);
-        return -1;
-    }
-    int was = fd;
-    /* release: publishes loadavg_dev/ino and cpus_online with the fd; pairs with the acquire above */
-    if (!rdv_cas(&loadavg_fd, &was, mine, __ATOMIC_RELEASE)) {
-        close(mine); /* another thread's is kept; this look is skipped */
-        return -1;
-    }
-    return mine;
-}
-
 int rdv_cpus_oversubscribed(void) {
-    int fd = loadavg();
+    uint32_t cpus = READ_ONCE(cpus_online); /* relaxed: a process-local cache; a race writes the same value */
+    if (cpus == 0)
+        WRITE_ONCE(cpus_online, cpus = rdv_cpus());
+    /* Opened at each look, not kept: about 4 us, paid only by a spin that
+     * has gone on for a while, and no fd of ours for a program to trip
+     * over (an fd counted as leaked, or closed behind us and reused). */
+    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
     /* "0.12 0.12 0.05 3/83 15855": the fourth field is runnable/all tasks */
     char buf[128];
-    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
     if (n <= 0)
         return 0;
     buf[n] = 0;
@@ -118,8 +74,7 @@ int rdv_cpus_oversubscribed(void) {
     int digits = 0;
     for (; *p >= '0' && *p <= '9' && digits < 9; p++, digits++)
         running = running * 10 + (unsigned long)(*p - '0');
-    uint32_t cpus = READ_ONCE(cpus_online); /* relaxed: ordered by loadavg()'s acquire of the fd */
-    return digits && *p == '/' && cpus && running > cpus;
+    return digits && *p == '/' && running > cpus;
 }
 
 int rdv_pid(void) { return getpid(); }

@@ -14,7 +14,7 @@ uint32_t rdv_cpus(void);       /* CPUs online (at least 1) */
 void rdv_yield(void);
 /* 1 if more tasks are runnable on the machine than it has CPUs online (a
  * spinner then keeps a CPU from someone who needs it), 0 if not or if it
- * cannot tell. About 1 us: it reads /proc/loadavg. */
+ * cannot tell. About 4 us: it opens, reads and closes /proc/loadavg. */
 int rdv_cpus_oversubscribed(void);
 int rdv_pid(void);          /* getpid() */
 

@@ -29,7 +29,7 @@
  * machine may spin less than it could, one in a small cpuset on an idle
  * one more (a cost in speed, never in correctness). */
 #define RDV_SPIN_FREE_NS 4000
-#define RDV_SPIN_LOAD_EVERY_NS 25000
+#define RDV_SPIN_LOAD_EVERY_NS 50000
 
 struct rdv_spin {
     int64_t start, next_look;

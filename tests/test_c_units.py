@@ -37,8 +37,8 @@ def test_index_unit(tmp_path):
 @pytest.mark.timeout(120)
 def test_spin_unit(tmp_path):
     """A spin's clock over rdv_os.c alone: more busy tasks than CPUs cut a spin short past its
-    free window (never within it), with a CPU to spare a spin runs out its budget, and a file
-    put behind the cached fd's number is neither read nor closed."""
+    free window (never within it), with a CPU to spare a spin runs out its budget, and no fd
+    is kept open between looks."""
     run = _build_and_run(tmp_path, "unit_spin", "rdv_os.c", timeout=90, below=[])
-    for part in ("crowded: ", "spare: ok", "fd taken over: ok", "all passed"):
+    for part in ("crowded: ", "spare: ok", "no fd kept: ok", "all passed"):
         assert f"unit_spin: {part}" in run.stdout, run.stdout
