@@ -52,6 +52,8 @@ def _round_up(n: int, to: int) -> int:
 
 
 _HEAD = struct.Struct("<4sBBHqII")  # the header above
+_SEEN_METAS = 256  # batch metas kept parsed: a loader's batches mostly repeat one (or a few)
+_SEEN_META_BYTES = 4096  # the longest meta kept (a batch of many leaves is rare, and costly to keep)
 JSON = json.JSONEncoder(separators=(",", ":"))  # compact; NaN and inf as JSON's extensions read them
 
 
@@ -97,6 +99,19 @@ def batch_plan(task: int, tree: Any, leaves: List[Leaf]) -> Plan:
     return Plan(BATCH, task, {"tree": tree}, leaves)
 
 
+class _Meta(dict):
+    """A batch's meta as read, with its leaf table once checked (``table``):
+    each leaf's dtype, shape, offset in the message and bytes. A loader's
+    batches mostly repeat their meta byte for byte, so both are kept (at
+    most ``_SEEN_METAS``), never changed after: only each batch's length is
+    checked again."""
+
+    __slots__ = ("table",)
+
+
+_seen: Dict[bytes, _Meta] = {}
+
+
 def read(buf: np.ndarray) -> Tuple[int, int, Dict[str, Any]]:
     """(kind, task index, meta) of a received message, checked."""
     n = len(buf)
@@ -111,19 +126,32 @@ def read(buf: np.ndarray) -> Tuple[int, int, Dict[str, Any]]:
     if meta_len > n - HEADER:
         raise ProtocolError(f"a loader worker's message says its meta is {meta_len} bytes, "
                             f"but the message is {n} bytes")
+    text = bytes(buf[HEADER : HEADER + meta_len])
+    seen = _seen.get(text) if kind == BATCH else None
+    if seen is not None:
+        return kind, task, seen
     try:
-        meta = json.loads(bytes(buf[HEADER : HEADER + meta_len]))
+        meta = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"a loader worker's message has unreadable meta: {exc}") from None
     if not isinstance(meta, dict):
         raise ProtocolError("a loader worker's message has meta that is not a JSON object")
+    if kind == BATCH:
+        meta = _Meta(meta)
+        meta.table = None
+        if meta_len <= _SEEN_META_BYTES:
+            if len(_seen) >= _SEEN_METAS:
+                _seen.clear()
+            _seen[text] = meta
     return kind, task, meta
 
 
-def _leaf_views(buf: np.ndarray, table: Any, start: int) -> List[np.ndarray]:
+def _checked_table(table: Any, start: int) -> List[Tuple[np.dtype, List[int], int, int]]:
+    """A leaf table's entries as (dtype, shape, offset in the message, bytes),
+    each checked but for the message's length."""
     if not isinstance(table, list) or len(table) > _MAX_LEAVES:
         raise ProtocolError("a loader batch's leaf table is not a list of at most 65536 entries")
-    views = []
+    checked = []
     for entry in table:
         if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
                 and isinstance(entry[1], list) and type(entry[2]) is int):
@@ -136,7 +164,16 @@ def _leaf_views(buf: np.ndarray, table: Any, start: int) -> List[np.ndarray]:
         for d in shape:
             nbytes *= d
         off += start
-        if off < start or off % ALIGN or off + nbytes > len(buf):
+        if off < start or off % ALIGN:
+            raise ProtocolError(f"a loader batch's leaf of {nbytes} bytes has a bad offset {off}")
+        checked.append((dtype, shape, off, nbytes))
+    return checked
+
+
+def _leaf_views(buf: np.ndarray, table: List[Tuple[np.dtype, List[int], int, int]]) -> List[np.ndarray]:
+    views = []
+    for dtype, shape, off, nbytes in table:
+        if off + nbytes > len(buf):
             raise ProtocolError(f"a loader batch's leaf of {nbytes} bytes at offset {off} lies outside "
                                 f"the {len(buf)} bytes of its message")
         views.append(buf[off : off + nbytes].view(dtype).reshape(shape))
@@ -147,8 +184,12 @@ def build(buf: np.ndarray, meta: Dict[str, Any], as_torch: bool) -> Any:
     """The batch a BATCH message holds: its structure, with views of ``buf``
     for its arrays (torch tensors where the worker had or made tensors, if
     ``as_torch``)."""
-    start = _round_up(HEADER + int(buf[16:20].view("<u4")[0]), ALIGN)
-    views = _leaf_views(buf, meta.get("leaves", []), start)
+    table = getattr(meta, "table", None)
+    if table is None:
+        table = _checked_table(meta.get("leaves", []), _round_up(HEADER + int(buf[16:20].view("<u4")[0]), ALIGN))
+        if isinstance(meta, _Meta):
+            meta.table = table
+    views = _leaf_views(buf, table)
     try:
         return _node(meta.get("tree"), views, as_torch)
     except RecursionError:

@@ -21,7 +21,7 @@ import sys
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from . import batch as wire
 from . import sampling
 from .failures import LoaderTimeout, worker_died, worker_exception
 from .progress import Progress
-from .worker import ROOM_WANTED, Config, Fetcher, encode_json, result_key, run, task_key
+from .worker import ROOM_WANTED, Config, Fetcher, encode_json, int_task, result_key, run, task_key
 
 DEFAULT_SHM_SIZE = 256 << 20
 """Bytes of shared memory a loader with workers reserves (``shm_size``)."""
@@ -190,9 +190,10 @@ class _Workers:
             self.shutdown()
             raise
 
-    def send(self, w: int, msg: Dict[str, Any]) -> None:
+    def send(self, w: int, msg: Union[Dict[str, Any], np.ndarray]) -> None:
+        """A task key's message (worker.py): a dict as JSON, an int task as it is."""
         assert self.rdv is not None
-        self.rdv.send(self.task_keys[w], encode_json(msg))
+        self.rdv.send(self.task_keys[w], msg if isinstance(msg, np.ndarray) else encode_json(msg))
 
     def dead(self) -> Optional[int]:
         """A worker whose process ended without being told to stop, or None."""
@@ -330,7 +331,8 @@ class _Epochs:
         else:
             return  # kept in self.pending for the next free slot
         index, self.pending = self.pending, None
-        self.workers.send(w, {"i": self.sent, "x": _jsonable_index(index)})
+        message = int_task(self.sent, index)
+        self.workers.send(w, message if message is not None else {"i": self.sent, "x": _jsonable_index(index)})
         self.task_worker[self.sent] = w
         self.num_tasks[w] += 1
         self.outstanding += 1

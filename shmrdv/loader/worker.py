@@ -7,9 +7,13 @@ Channels, per worker ``w`` of a loader's rendezvous (both FIFO):
 =================  ==========  ==============================================
 key                written by  messages
 =================  ==========  ==============================================
-``t{g}.{w}``       trainer     UTF-8 JSON: ``{"i": task, "x": index}``,
-                               ``{"reset": n}`` (a new epoch: start the
-                               iterable dataset again), ``{"stop": 1}``
+``t{g}.{w}``       trainer     int64 ``[task, -1, index]`` or ``[task, n,
+                               index_1 .. index_n]`` (what torch's samplers
+                               give: an int, a list of ints); any other
+                               index as UTF-8 JSON ``{"i": task, "x":
+                               index}``; ``{"reset": n}`` (a new epoch:
+                               start the iterable dataset again),
+                               ``{"stop": 1}``
 ``r{g}.{w}``       worker      ``batch.py`` messages, one per task in task
                                order (none for the tasks after an iterable
                                dataset's END), and READY ``{"reset": n}``
@@ -40,7 +44,7 @@ from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from ..errors import MessageTooLarge, RendezvousTimeout
+from ..errors import MessageTooLarge, ProtocolError, RendezvousTimeout
 from ..rendezvous import Rendezvous, unlink_segment
 from . import batch as wire
 from .collate import Leaf, collate, convert
@@ -69,6 +73,33 @@ def _index(obj: Any) -> Any:
 
 def encode_json(obj: Any) -> np.ndarray:
     return np.frombuffer(wire.JSON.encode(obj).encode("utf-8"), np.uint8)
+
+
+def int_task(task: int, index: Any) -> Optional[np.ndarray]:
+    """A task's int64 message (above) when its index is an int or a list of
+    ints, else None (it goes as JSON)."""
+    try:
+        if type(index) is int:
+            return np.array((task, -1, index), np.int64)
+        if type(index) is list and all(type(i) is int for i in index):
+            return np.array((task, len(index), *index), np.int64)
+    except OverflowError:  # beyond int64
+        pass
+    return None
+
+
+def decode_task(buf: np.ndarray) -> Any:
+    """A task key's message as a dict: ``{"i": task, "x": index}``, a reset or a stop."""
+    if buf.dtype == np.int64:
+        values = buf.tolist() if buf.ndim == 1 else []
+        count = len(values) - 2
+        if count < 0 or not (values[1] == count or values[1] == -1 and count == 1):
+            raise ProtocolError(f"a loader task of shape {buf.shape} does not say how many indices it holds rightly")
+        return {"i": values[0], "x": values[2] if values[1] == -1 else values[2:]}
+    msg = json.loads(bytes(buf))
+    if "x" in msg:
+        msg["x"] = _index(msg["x"])
+    return msg
 
 
 class WorkerInfo:
@@ -264,7 +295,7 @@ class _Channel:
         self.tasks, self.results = task_key(cfg.generation, cfg.worker_id), result_key(cfg.generation, cfg.worker_id)
 
     def next_task(self) -> Any:
-        return json.loads(bytes(self.rdv.recv(self.tasks)))
+        return decode_task(self.rdv.recv(self.tasks))
 
     def put(self, plan: wire.Plan) -> None:
         """Write plan as the next result, waiting while the arena is full
@@ -356,7 +387,7 @@ def _serve(channel: _Channel, fetcher: Fetcher) -> None:
             continue
         task = int(msg["i"])
         try:
-            plan = fetcher.plan(task, _index(msg["x"]))
+            plan = fetcher.plan(task, msg["x"])
         except StopIteration as exc:
             if fetcher.cfg.iterable:  # the end of this worker's share
                 plan, exhausted = wire.Plan(wire.END, task, {}, []), True
