@@ -567,7 +567,7 @@ def plot(results: Dict[str, Any], path: str) -> None:
     m = results.get("machine", {})
     ax.set_title(f"DataLoader throughput, {WORKERS} workers (higher is better)\n{m.get('cpu')}, {m.get('cpus')} CPUs, "
                  f"torch {results.get('torch')}" + (" — smoke run" if results.get("smoke") else ""), fontsize=10)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=len(LIBRARIES), frameon=False)
+    ax.legend(fontsize=8, loc="upper right")  # inside: below the axis, long case names ran into it
     ax.grid(True, axis="y", which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
