@@ -31,6 +31,21 @@ def test_a_batch_reads_back_and_a_second_with_the_same_meta_too():
         assert np.shares_memory(got["x"], buf)  # views of the message, not copies
 
 
+def test_a_meta_seen_before_is_kept_and_its_batches_share_nothing():
+    samples = [{"s": f"s{i}", "x": np.full(2, i)} for i in range(2)]
+    leaves = []
+    plan = wire.batch_plan(0, collate(samples, leaves), leaves)
+    first, second = (np.zeros(plan.nbytes, np.uint8) for _ in range(2))
+    plan.write(first)
+    plan.write(second)
+    meta = wire.read(first)[2]
+    assert wire.read(second)[2] is meta  # kept: not parsed again
+    one = wire.build(first, meta, as_torch=False)
+    one["s"].append("changed by the trainer")
+    two = wire.build(second, meta, as_torch=False)
+    assert two["s"] == ["s0", "s1"] and two["s"] is not one["s"]
+
+
 def test_a_kept_meta_is_still_checked_against_each_message_length():
     buf = _message(np.arange(1024, dtype=np.float32))
     wire.build(buf, wire.read(buf)[2], as_torch=False)  # its meta is kept, its table checked
@@ -86,6 +101,27 @@ def test_a_malformed_leaf_table_is_refused_also_when_seen_before(leaves, match):
             wire.build(buf, wire.read(buf)[2], as_torch=False)
 
 
+@pytest.mark.parametrize("tree, match", [
+    (b'{"t":"v","v":[["a"]]}', "more than plain values"),
+    (b'{"t":"v","v":{"a":1}}', "is an object"),
+    (b'{"t":"a","i":1,"k":"A"}', "names leaf 1 of 1"),
+])
+def test_a_malformed_tree_is_refused_also_when_seen_before(tree, match):
+    meta = b'{"tree":' + tree + b',"leaves":[["|u1",[4],0]]}'
+    for _ in range(2):
+        buf = _with_meta(meta)
+        with pytest.raises(ProtocolError, match=match):
+            wire.build(buf, wire.read(buf)[2], as_torch=False)
+
+
+def test_a_kept_meta_keeps_the_start_its_read_saw():
+    buf = _message(np.arange(16, dtype=np.uint8))
+    kind, task, meta = wire.read(buf)
+    damaged = buf.copy()
+    damaged[16:20] = np.frombuffer((1000).to_bytes(4, "little"), np.uint8)  # the header's meta length, after the read
+    assert wire.build(damaged, meta, as_torch=False).tolist() == list(range(16))
+
+
 def test_kept_metas_are_bounded():
     for i in range(wire._SEEN_METAS + 10):
         buf = _message(np.zeros(i + 1, np.uint8))
@@ -96,14 +132,18 @@ def test_kept_metas_are_bounded():
     assert all(len(text) <= wire._SEEN_META_BYTES for text in wire._seen)
 
 
-@pytest.mark.parametrize("index", [0, 7, 2**62, [], [5], [1, 2, 3] * 20, [-4, 2**40]])
+@pytest.mark.parametrize("index", [0, 7, -1, 2**63 - 1, -2**63, [], [5], [-1], [1, 2, 3] * 20, [-4, 2**40]])
 def test_int_tasks_go_as_int64_and_read_back(index):
     message = int_task(11, index)
     assert message is not None and message.dtype == np.int64
-    assert decode_task(message) == {"i": 11, "x": index}
+    got = decode_task(message)
+    assert got == {"i": 11, "x": index}
+    assert type(got["i"]) is int and type(got["x"]) is type(index)  # Python ints, as JSON gave
+    assert all(type(i) is int for i in (got["x"] if isinstance(index, list) else [got["x"]]))
 
 
-@pytest.mark.parametrize("index", [2**70, [1, 2**64], True, [1, False], "a", None, (1, 2), [1.5], [[1, 2]]])
+@pytest.mark.parametrize("index", [2**63, -2**63 - 1, [1, 2**64], True, [1, False], "a", None, (1, 2), [1.5],
+                                   [[1, 2]]])
 def test_other_indices_go_as_json(index):
     assert int_task(11, index) is None
 
@@ -111,6 +151,7 @@ def test_other_indices_go_as_json(index):
 def test_json_tasks_read_back_with_tuples_made_again():
     assert decode_task(encode_json({"i": 2, "x": {"tuple": [1, "a"]}})) == {"i": 2, "x": (1, "a")}
     assert decode_task(encode_json({"stop": 1})) == {"stop": 1}
+    assert decode_task(encode_json({"reset": 3})) == {"reset": 3}
 
 
 @pytest.mark.parametrize("values", [[1], [1, -1], [1, -1, 2, 3], [1, 3, 5, 6], [1, -2, 4], np.zeros((2, 3))])

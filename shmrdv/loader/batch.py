@@ -100,13 +100,15 @@ def batch_plan(task: int, tree: Any, leaves: List[Leaf]) -> Plan:
 
 
 class _Meta(dict):
-    """A batch's meta as read, with its leaf table once checked (``table``):
-    each leaf's dtype, shape, offset in the message and bytes. A loader's
-    batches mostly repeat their meta byte for byte, so both are kept (at
-    most ``_SEEN_METAS``), never changed after: only each batch's length is
-    checked again."""
+    """A batch's meta as read, where its leaves start (``start``, fixed by
+    the meta's length), and its leaf table once checked (``table``): each
+    leaf's dtype, shape, offset in the message and bytes. A loader's
+    batches mostly repeat their meta byte for byte, so all three are kept
+    (at most ``_SEEN_METAS``), never changed after: each batch's length and
+    tree are still checked, and what a batch returns is built anew (no list
+    of the meta's is handed out)."""
 
-    __slots__ = ("table",)
+    __slots__ = ("start", "table")
 
 
 _seen: Dict[bytes, _Meta] = {}
@@ -138,7 +140,7 @@ def read(buf: np.ndarray) -> Tuple[int, int, Dict[str, Any]]:
         raise ProtocolError("a loader worker's message has meta that is not a JSON object")
     if kind == BATCH:
         meta = _Meta(meta)
-        meta.table = None
+        meta.start, meta.table = _round_up(HEADER + meta_len, ALIGN), None
         if meta_len <= _SEEN_META_BYTES:
             if len(_seen) >= _SEEN_METAS:
                 _seen.clear()
@@ -186,7 +188,9 @@ def build(buf: np.ndarray, meta: Dict[str, Any], as_torch: bool) -> Any:
     ``as_torch``)."""
     table = getattr(meta, "table", None)
     if table is None:
-        table = _checked_table(meta.get("leaves", []), _round_up(HEADER + int(buf[16:20].view("<u4")[0]), ALIGN))
+        # a kept meta's start is the one its read saw, not the header's now (which damage may have changed since)
+        start = meta.start if isinstance(meta, _Meta) else _round_up(HEADER + int(buf[16:20].view("<u4")[0]), ALIGN)
+        table = _checked_table(meta.get("leaves", []), start)
         if isinstance(meta, _Meta):
             meta.table = table
     views = _leaf_views(buf, table)
@@ -213,7 +217,13 @@ def _node(n: Any, views: List[np.ndarray], as_torch: bool) -> Any:
         return as_tensor(views[i]) if as_torch and kind == "T" else views[i]
     if t == "v":
         v = n.get("v")
-        return tuple(v) if n.get("tuple") and isinstance(v, list) else v
+        if isinstance(v, list):  # strings collated: a new list (the meta's own may serve the next batch)
+            if any(isinstance(x, (list, dict)) for x in v):
+                raise ProtocolError(f"a loader batch's value list holds more than plain values: {v!r:.200}")
+            return tuple(v) if n.get("tuple") else list(v)
+        if isinstance(v, dict):
+            raise ProtocolError(f"a loader batch's value is an object: {v!r:.200}")
+        return v
     if t == "b":
         v = n.get("v")
         if isinstance(v, list):
