@@ -667,7 +667,7 @@ static int wait_all(rdv_group_t *g, uint32_t P, struct rdv_coll_status *st) {
             if (spin.crowded)
                 g->spun = 3; /* what follows says nothing about the budget */
         }
-        if (g->spun != 3)
+        if (g->spun == 1)
             g->spun = 2;
         int64_t left = RDV_COLL_SLICE_NS - (now - entered);
         if (!g->forever && g->deadline - now < left)

@@ -1,7 +1,7 @@
 /* Layer 1: the clock of a spinning wait, shared by the waits for a key
  * (rdv_wait.c) and for a group's ranks (rdv_coll.c), and the bounds of
- * their budgets (the lock and hand-off spins are bounded on their own). Header only: the checks run between rounds of pauses, in
- * the hot loop. */
+ * their budgets (the lock and hand-off spins are bounded on their own).
+ * Header only: the checks run between rounds of pauses, in the hot loop. */
 #ifndef RDV_SPIN_H
 #define RDV_SPIN_H
 
@@ -23,8 +23,8 @@
  * RDV_SPIN_LOAD_EVERY_NS): with more tasks runnable than CPUs, a spinner
  * keeps a CPU from whoever it waits for, or from someone else (a loader's
  * trainer spinning while its two workers share the other CPU halves their
- * speed). Most waits a spin catches end within its first microseconds. */
-/* The count is the whole machine's, as is the CPU count: affinity and
+ * speed). Most waits a spin catches end within its first microseconds.
+ * The count is the whole machine's, as is the CPU count: affinity and
  * cpusets are not looked at, so a job pinned to a few CPUs of a busy
  * machine may spin less than it could, one in a small cpuset on an idle
  * one more (a cost in speed, never in correctness). */
