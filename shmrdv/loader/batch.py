@@ -182,18 +182,14 @@ def _leaf_views(buf: np.ndarray, table: List[Tuple[np.dtype, List[int], int, int
     return views
 
 
-def build(buf: np.ndarray, meta: Dict[str, Any], as_torch: bool) -> Any:
-    """The batch a BATCH message holds: its structure, with views of ``buf``
-    for its arrays (torch tensors where the worker had or made tensors, if
-    ``as_torch``)."""
-    table = getattr(meta, "table", None)
-    if table is None:
-        # a kept meta's start is the one its read saw, not the header's now (which damage may have changed since)
-        start = meta.start if isinstance(meta, _Meta) else _round_up(HEADER + int(buf[16:20].view("<u4")[0]), ALIGN)
-        table = _checked_table(meta.get("leaves", []), start)
-        if isinstance(meta, _Meta):
-            meta.table = table
-    views = _leaf_views(buf, table)
+def build(buf: np.ndarray, meta: _Meta, as_torch: bool) -> Any:
+    """The batch a BATCH message holds (``meta`` as ``read`` gave it): its
+    structure, with views of ``buf`` for its arrays (torch tensors where the
+    worker had or made tensors, if ``as_torch``)."""
+    if meta.table is None:
+        # from the start the read saw, not the header's now (which damage may have changed since)
+        meta.table = _checked_table(meta.get("leaves", []), meta.start)
+    views = _leaf_views(buf, meta.table)
     try:
         return _node(meta.get("tree"), views, as_torch)
     except RecursionError:

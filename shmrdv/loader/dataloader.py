@@ -21,19 +21,18 @@ import sys
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
 from ..errors import InvalidArgument, RendezvousTimeout
 from ..limits import MAX_MARKS, MAX_PROCS
 from ..rendezvous import Rendezvous, arena_size, private_name, unlink_segment
-from ..tensors import is_tensor
 from . import batch as wire
 from . import sampling
 from .failures import LoaderTimeout, worker_died, worker_exception
 from .progress import Progress
-from .worker import ROOM_WANTED, Config, Fetcher, encode_json, int_task, result_key, run, task_key
+from .worker import ROOM_WANTED, Config, Fetcher, encode_json, encode_task, result_key, run, task_key
 
 DEFAULT_SHM_SIZE = 256 << 20
 """Bytes of shared memory a loader with workers reserves (``shm_size``)."""
@@ -41,24 +40,6 @@ _SLICE = 0.1  # seconds: how soon a dead worker or a timeout is noticed
 _STOP_WAIT = 2.0  # seconds a stopping worker gets before it is killed
 _FULL_GRACE = 2.0  # seconds a worker we wait for may lack room before that is an error
 _MAX_ANY_KEYS = 64  # keys one recv_any takes (in_order=False waits on every worker's)
-
-
-def _jsonable_index(index: Any) -> Any:
-    """A sampler's index as JSON for the task message: ints, strings, None,
-    lists of them, and tuples (as ``{"tuple": [...]}``, made tuples again in
-    the worker)."""
-    if index is None or isinstance(index, (str, bool)):
-        return index
-    if isinstance(index, (int, np.integer)):
-        return int(index)
-    if (isinstance(index, np.ndarray) and index.ndim == 0) or (is_tensor(index) and index.dim() == 0):
-        return _jsonable_index(index.item())
-    if isinstance(index, tuple):
-        return {"tuple": [_jsonable_index(i) for i in index]}
-    if isinstance(index, (list, range)) or is_tensor(index) or isinstance(index, np.ndarray):
-        return [_jsonable_index(i) for i in (index.tolist() if hasattr(index, "tolist") else index)]
-    raise TypeError(f"shmrdv.loader hands sampler indices to workers as ints, strings, None, or lists and "
-                    f"tuples of them (nothing is pickled); the sampler gave a {type(index).__name__}: {index!r:.80}")
 
 
 def _context(multiprocessing_context: Any) -> Any:
@@ -190,10 +171,13 @@ class _Workers:
             self.shutdown()
             raise
 
-    def send(self, w: int, msg: Union[Dict[str, Any], np.ndarray]) -> None:
-        """A task key's message (worker.py): a dict as JSON, an int task as it is."""
+    def send(self, w: int, msg: Dict[str, Any]) -> None:
         assert self.rdv is not None
-        self.rdv.send(self.task_keys[w], msg if isinstance(msg, np.ndarray) else encode_json(msg))
+        self.rdv.send(self.task_keys[w], encode_json(msg))
+
+    def send_task(self, w: int, task: int, index: Any) -> None:
+        assert self.rdv is not None
+        self.rdv.send(self.task_keys[w], encode_task(task, index))
 
     def dead(self) -> Optional[int]:
         """A worker whose process ended without being told to stop, or None."""
@@ -331,8 +315,7 @@ class _Epochs:
         else:
             return  # kept in self.pending for the next free slot
         index, self.pending = self.pending, None
-        message = int_task(self.sent, index)
-        self.workers.send(w, message if message is not None else {"i": self.sent, "x": _jsonable_index(index)})
+        self.workers.send_task(w, self.sent, index)
         self.task_worker[self.sent] = w
         self.num_tasks[w] += 1
         self.outstanding += 1

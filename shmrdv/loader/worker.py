@@ -46,6 +46,7 @@ import numpy as np
 
 from ..errors import MessageTooLarge, ProtocolError, RendezvousTimeout
 from ..rendezvous import Rendezvous, unlink_segment
+from ..tensors import is_tensor
 from . import batch as wire
 from .collate import Leaf, collate, convert
 
@@ -62,6 +63,24 @@ def result_key(generation: int, worker_id: int) -> str:
     return f"r{generation}.{worker_id}"
 
 
+def _jsonable_index(index: Any) -> Any:
+    """A sampler's index as JSON for the task message: ints, strings, None,
+    lists of them, and tuples (as ``{"tuple": [...]}``, made tuples again in
+    the worker)."""
+    if index is None or isinstance(index, (str, bool)):
+        return index
+    if isinstance(index, (int, np.integer)):
+        return int(index)
+    if (isinstance(index, np.ndarray) and index.ndim == 0) or (is_tensor(index) and index.dim() == 0):
+        return _jsonable_index(index.item())
+    if isinstance(index, tuple):
+        return {"tuple": [_jsonable_index(i) for i in index]}
+    if isinstance(index, (list, range)) or is_tensor(index) or isinstance(index, np.ndarray):
+        return [_jsonable_index(i) for i in (index.tolist() if hasattr(index, "tolist") else index)]
+    raise TypeError(f"shmrdv.loader hands sampler indices to workers as ints, strings, None, or lists and "
+                    f"tuples of them (nothing is pickled); the sampler gave a {type(index).__name__}: {index!r:.80}")
+
+
 def _index(obj: Any) -> Any:
     """A task's index as the sampler gave it (tuples come as {"tuple": [...]})."""
     if isinstance(obj, list):
@@ -73,6 +92,12 @@ def _index(obj: Any) -> Any:
 
 def encode_json(obj: Any) -> np.ndarray:
     return np.frombuffer(wire.JSON.encode(obj).encode("utf-8"), np.uint8)
+
+
+def encode_task(task: int, index: Any) -> np.ndarray:
+    """A task's message (above): int64 for an int or a list of ints, else JSON."""
+    message = int_task(task, index)
+    return message if message is not None else encode_json({"i": task, "x": _jsonable_index(index)})
 
 
 def int_task(task: int, index: Any) -> Optional[np.ndarray]:
@@ -93,7 +118,7 @@ def decode_task(buf: np.ndarray) -> Any:
     if buf.dtype == np.int64:
         values = buf.tolist() if buf.ndim == 1 else []
         count = len(values) - 2
-        if count < 0 or not (values[1] == count or values[1] == -1 and count == 1):
+        if count < 0 or not (values[1] == count or (values[1] == -1 and count == 1)):
             raise ProtocolError(f"a loader task of shape {buf.shape} does not say how many indices it holds rightly")
         return {"i": values[0], "x": values[2] if values[1] == -1 else values[2:]}
     msg = json.loads(bytes(buf))
