@@ -17,7 +17,9 @@ member, for the default group and for each ``new_group``):
 
 The ProcessGroup itself only adapts torch's calling conventions (lists of
 tensors, options objects, non-contiguous tensors) to those three
-transports, and runs every call on its worker thread (``work``). Results
+transports, and runs every call through its worker (``work``: on the
+worker's thread, or on the caller's for a call torch waits for at once
+with nothing pending before it). Results
 are written into the caller's tensors: a contiguous tensor is handed to
 the transport as it is (input and output at once where the collective is
 in place); only a non-contiguous one is staged through a contiguous copy.
@@ -89,6 +91,12 @@ def _cpu(t: torch.Tensor, what: str) -> torch.Tensor:
     if t.device.type != "cpu":
         raise InvalidType(f"{what}: a {t.device.type} tensor; the shmrdv backend moves CPU tensors")
     return t.detach()
+
+
+def _waited(opts: Any) -> bool:
+    """Whether torch waits for the call as soon as it returns (a call with
+    async_op=False): then it may run on the caller's thread (``work``)."""
+    return opts is not None and not getattr(opts, "asyncOp", True)
 
 
 def _reduction(opts: Any, t: torch.Tensor, what: str) -> str:
@@ -187,7 +195,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         def run() -> None:
             with _writable(t) as buf:
                 self._transport.allreduce(buf, op)
-        return self._worker.submit(run, list(tensors))
+        return self._worker.submit(run, list(tensors), waited=_waited(opts))
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
@@ -198,7 +206,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
             for t, op in zip(checked, ops):
                 with _writable(t) as buf:
                     self._transport.allreduce(buf, op)
-        return self._worker.submit(run, list(tensors))
+        return self._worker.submit(run, list(tensors), waited=_waited(opts))
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.BroadcastOptions()
@@ -208,7 +216,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         def run() -> None:
             with _writable(t) as buf:
                 self._transport.broadcast(buf, root)
-        return self._worker.submit(run, list(tensors))
+        return self._worker.submit(run, list(tensors), waited=_waited(opts))
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
         opts = opts if opts is not None else dist.ReduceOptions()
@@ -219,7 +227,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         def run() -> None:
             with _writable(t) as buf:
                 self._transport.reduce(buf, root, op)
-        return self._worker.submit(run, list(tensors))
+        return self._worker.submit(run, list(tensors), waited=_waited(opts))
 
     def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
                   opts: Any = None) -> Work:
@@ -231,7 +239,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
             self._transport.allgather(gathered, t.contiguous())
             for out, row in zip(outputs, gathered):
                 out.copy_(row)
-        return self._worker.submit(run, _flattened(output_tensors))
+        return self._worker.submit(run, _flattened(output_tensors), waited=_waited(opts))
 
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor],
                             opts: Any = None) -> Work:
@@ -246,7 +254,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
                 self._transport.allgather(gathered, t.contiguous())
                 for out, row in zip(outs, gathered):
                     out.copy_(row)
-        return self._worker.submit(run, _flattened(output_lists))
+        return self._worker.submit(run, _flattened(output_lists), waited=_waited(opts))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         return self.all_gather_single_coalesced([output], [input], opts)
@@ -261,7 +269,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
             for out, t in pairs:
                 with _writable(out) as buf:
                     self._transport.allgather(buf, t.contiguous())
-        return self._worker.submit(run, list(outputs))
+        return self._worker.submit(run, list(outputs), waited=_waited(opts))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -279,7 +287,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
             if outputs is not None:
                 for out, row in zip(outputs, gathered):
                     out.copy_(row)
-        return self._worker.submit(run, _flattened(output_tensors))
+        return self._worker.submit(run, _flattened(output_tensors), waited=_waited(opts))
 
     def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
                 opts: Any = None) -> Work:
@@ -291,7 +299,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         def run() -> None:
             with _writable(t) as buf:
                 self._transport.scatter(buf, torch.stack(inputs) if inputs is not None else None, root)
-        return self._worker.submit(run, list(output_tensors))
+        return self._worker.submit(run, list(output_tensors), waited=_waited(opts))
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
                        opts: Any = None) -> Work:
@@ -303,7 +311,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         def run() -> None:
             with _writable(t) as buf:
                 self._transport.reduce_scatter(buf, torch.stack(inputs), op)
-        return self._worker.submit(run, list(output_tensors))
+        return self._worker.submit(run, list(output_tensors), waited=_waited(opts))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         return self.reduce_scatter_single_coalesced([output], [input], opts)
@@ -321,7 +329,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
             for (out, t), op in zip(pairs, ops):
                 with _writable(out) as buf:
                     self._transport.reduce_scatter(buf, t.contiguous(), op)
-        return self._worker.submit(run, list(outputs))
+        return self._worker.submit(run, list(outputs), waited=_waited(opts))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -347,7 +355,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         def run() -> None:
             with _writable(out) as buf:
                 self._transport.alltoall(buf, t.contiguous(), splits)
-        return self._worker.submit(run, [output])
+        return self._worker.submit(run, [output], waited=_waited(opts))
 
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
                  opts: Any = None) -> Work:
@@ -362,10 +370,10 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
             self._transport.alltoall(received, torch.stack(inputs), None)
             for out, row in zip(outputs, received):
                 out.copy_(row)
-        return self._worker.submit(run, list(output_tensors))
+        return self._worker.submit(run, list(output_tensors), waited=_waited(opts))
 
     def barrier(self, opts: Any = None) -> Work:
-        return self._worker.submit(self._transport.barrier, [])
+        return self._worker.submit(self._transport.barrier, [], waited=_waited(opts))
 
     def _root(self, opts: Any, what: str) -> int:
         root = int(opts.rootRank)

@@ -1,0 +1,165 @@
+"""The torch backend's Worker and Work (shmrdv.torch.work) on their own, in
+one process: a synchronous call runs on the caller's thread only when
+nothing is pending, calls never overlap and keep their order whoever runs
+them, and a Work completes, fails and hands out its Future alike either
+way."""
+import datetime
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed")
+
+from shmrdv.errors import RendezvousError, RendezvousTimeout  # noqa: E402
+from shmrdv.torch.work import Work, Worker  # noqa: E402
+
+WAIT_S = 10.0  # every wait of these tests ends well within this
+
+
+@pytest.fixture
+def worker():
+    errors = []
+    w = Worker("test-worker", errors.append)
+    w.errors = errors
+    yield w
+    w.close(timeout=WAIT_S)
+    assert not w.running
+
+
+def _recorder(log, name, gate=None, started=None):
+    def run():
+        if started is not None:
+            started.set()
+        if gate is not None:
+            assert gate.wait(WAIT_S)
+        log.append((name, threading.current_thread().name))
+    return run
+
+
+@pytest.mark.timeout(30)
+def test_a_waited_call_with_nothing_pending_runs_on_the_callers_thread(worker):
+    log = []
+    value = [torch.ones(2)]
+    work = worker.submit(_recorder(log, "a"), value, waited=True)
+    assert work.is_completed() and work.is_success()
+    assert log == [("a", threading.current_thread().name)]
+    assert work.wait() is True
+    assert work.result() is value
+
+
+@pytest.mark.timeout(30)
+def test_an_unwaited_call_runs_on_the_worker(worker):
+    log = []
+    work = worker.submit(_recorder(log, "a"), [])
+    assert work.wait(datetime.timedelta(seconds=WAIT_S))
+    assert log == [("a", "test-worker")]
+
+
+@pytest.mark.timeout(30)
+def test_a_waited_call_behind_a_pending_one_goes_through_the_worker_in_order(worker):
+    log, gate, started = [], threading.Event(), threading.Event()
+    first = worker.submit(_recorder(log, "first", gate, started), [])
+    assert started.wait(WAIT_S)  # running on the worker, held there
+    second = worker.submit(_recorder(log, "second"), [], waited=True)
+    assert not second.is_completed()  # queued, not run here
+    gate.set()
+    second.wait(datetime.timedelta(seconds=WAIT_S))
+    assert first.is_completed()
+    assert log == [("first", "test-worker"), ("second", "test-worker")]
+
+
+@pytest.mark.timeout(30)
+def test_a_call_queued_while_a_caller_runs_its_own_waits_for_it(worker):
+    """The worker holds a call queued meanwhile (from another thread) until
+    the caller's own call is done: they never overlap, and keep their order."""
+    log, gate, started = [], threading.Event(), threading.Event()
+    done = {}
+
+    def caller():
+        done["w"] = worker.submit(_recorder(log, "waited", gate, started), [], waited=True)
+
+    t = threading.Thread(target=caller, name="caller")
+    t.start()
+    assert started.wait(WAIT_S)
+    later = worker.submit(_recorder(log, "later"), [])
+    with pytest.raises(RendezvousTimeout):
+        later.wait(datetime.timedelta(seconds=0.2))  # held behind the caller's call
+    assert log == []
+    gate.set()
+    t.join(WAIT_S)
+    assert later.wait(datetime.timedelta(seconds=WAIT_S))
+    assert log == [("waited", "caller"), ("later", "test-worker")]
+    assert done["w"].is_completed()
+
+
+@pytest.mark.timeout(30)
+def test_a_waited_call_that_raises_fails_its_work_and_tells_the_group(worker):
+    def run():
+        raise ValueError("boom")
+
+    work = worker.submit(run, [], waited=True)
+    assert work.is_completed() and not work.is_success()
+    assert isinstance(work.exception(), ValueError)
+    with pytest.raises(ValueError, match="boom"):
+        work.wait()
+    assert [type(e) for e in worker.errors] == [ValueError]
+    with pytest.raises(RuntimeError, match="ValueError: boom"):  # the continuation's error, as torch gives it
+        work.get_future().wait()
+    # the worker goes on
+    assert worker.submit(lambda: None, [], waited=True).is_success()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("waited", [False, True])
+def test_the_future_gives_the_value_whether_asked_before_or_after_completion(worker, waited):
+    value = [torch.arange(3)]
+    gate = threading.Event()
+    if waited:
+        work = worker.submit(lambda: None, value, waited=True)
+        future = work.get_future()  # after
+    else:
+        work = worker.submit(lambda: gate.wait(WAIT_S), value)
+        future = work.get_future()  # before
+        chained = future.then(lambda f: f.value()[0] * 2)
+        gate.set()
+        assert chained.wait().tolist() == [0, 2, 4]
+    assert future.wait() is value
+    assert work.get_future() is future
+
+
+@pytest.mark.timeout(30)
+def test_wait_times_out_and_a_late_completion_still_completes(worker):
+    gate = threading.Event()
+    work = worker.submit(lambda: gate.wait(WAIT_S), [])
+    with pytest.raises(RendezvousTimeout):
+        work.wait(datetime.timedelta(seconds=0.05))
+    gate.set()
+    assert work.wait(datetime.timedelta(seconds=WAIT_S))
+    assert work.wait()  # again: a done Work's wait returns at once, every time
+
+
+@pytest.mark.timeout(30)
+def test_several_threads_wait_on_one_work(worker):
+    gate = threading.Event()
+    work = worker.submit(lambda: gate.wait(WAIT_S), [])
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(work.wait())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    gate.set()
+    for t in threads:
+        t.join(WAIT_S)
+    assert results == [True] * 4
+
+
+@pytest.mark.timeout(30)
+def test_a_closed_worker_refuses_calls(worker):
+    worker.close(timeout=WAIT_S)
+    with pytest.raises(RendezvousError, match="shut down"):
+        worker.submit(lambda: None, [], waited=True)
+
+
+def test_a_work_made_alone_is_not_done():
+    work = Work()
+    assert not work.is_completed() and not work.is_success() and work.exception() is None
