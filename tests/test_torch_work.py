@@ -163,3 +163,113 @@ def test_a_closed_worker_refuses_calls(worker):
 def test_a_work_made_alone_is_not_done():
     work = Work()
     assert not work.is_completed() and not work.is_success() and work.exception() is None
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("asked", ["before", "after", "racing"])
+def test_a_works_future_is_settled_once_however_it_meets_the_completion(asked):
+    value = [torch.ones(1)]
+    work = Work()
+    if asked == "before":
+        future = work.get_future()
+        work._finish(value)
+    elif asked == "after":
+        work._finish(value)
+        future = work.get_future()
+    else:  # another thread completes it while this one asks
+        t = threading.Thread(target=work._finish, args=(value,))
+        t.start()
+        future = work.get_future()
+        t.join(WAIT_S)
+    assert future.wait() is value and work.get_future() is future
+
+
+@pytest.mark.timeout(30)
+def test_an_interrupted_waited_call_gives_the_turn_back(worker):
+    """Ctrl-C (or a signal handler's exception) in a call run on the
+    caller's thread fails its Work, tells the group, and leaves the worker
+    as it was: the next waited call runs on the caller's thread again."""
+    def run():
+        raise KeyboardInterrupt
+
+    work = worker.submit(run, [], waited=True)
+    with pytest.raises(KeyboardInterrupt):
+        work.wait()
+    assert [type(e) for e in worker.errors] == [KeyboardInterrupt]
+    log = []
+    assert worker.submit(_recorder(log, "next"), [], waited=True).is_success()
+    assert log == [("next", threading.current_thread().name)]
+    assert worker.submit(_recorder(log, "queued"), []).wait(datetime.timedelta(seconds=WAIT_S))
+    assert log[-1] == ("queued", "test-worker")
+
+
+@pytest.mark.timeout(30)
+def test_a_call_made_inside_a_call_that_runs_on_its_callers_thread(worker):
+    """What a signal handler sees that makes a collective while its thread
+    runs one: waiting for it raises at once (it could only run after the
+    running one, which cannot finish first), an unwaited one runs after."""
+    log, seen = [], {}
+
+    def outer():
+        with pytest.raises(RendezvousError, match="signal handler"):
+            worker.submit(_recorder(log, "nested waited"), [], waited=True)
+        later = seen["later"] = worker.submit(_recorder(log, "nested"), [])
+        with pytest.raises(RendezvousError, match="signal handler"):
+            later.wait()
+        log.append(("outer", threading.current_thread().name))
+
+    assert worker.submit(outer, [], waited=True).is_success()
+    assert seen["later"].wait(datetime.timedelta(seconds=WAIT_S))
+    assert log == [("outer", threading.current_thread().name), ("nested", "test-worker")]
+
+
+@pytest.mark.timeout(30)
+def test_close_waits_for_a_call_run_on_another_callers_thread(worker):
+    gate, started = threading.Event(), threading.Event()
+    t = threading.Thread(target=lambda: worker.submit(_recorder([], "a", gate, started), [], waited=True))
+    t.start()
+    assert started.wait(WAIT_S)
+    worker.close(timeout=0.2)  # gives up waiting: the call still runs
+    assert worker.running
+    threading.Timer(0.2, gate.set).start()
+    worker.close(timeout=WAIT_S)
+    assert not worker.running
+    t.join(WAIT_S)
+
+
+@pytest.mark.timeout(30)
+def test_a_queued_call_runs_in_its_callers_inference_mode(worker):
+    seen = []
+    with torch.inference_mode():
+        work = worker.submit(lambda: seen.append(torch.is_inference_mode_enabled()), [])
+    work.wait(datetime.timedelta(seconds=WAIT_S))
+    worker.submit(lambda: seen.append(torch.is_inference_mode_enabled()), []).wait()
+    assert seen == [True, False]
+
+
+@pytest.mark.timeout(60)
+def test_the_backend_runs_synchronous_calls_on_the_callers_thread(tmp_path):
+    """Through torch.distributed (a group of one, in this process): what
+    async_op=False runs here, async_op=True on the group's worker."""
+    import torch.distributed as dist
+
+    import shmrdv.torch  # noqa: F401  (registers the backend)
+
+    dist.init_process_group("shmrdv", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        transport, threads = pg._transport, []
+        real = transport.allreduce
+
+        def allreduce(t, op):
+            threads.append(threading.current_thread().name)
+            real(t, op)
+
+        transport.allreduce = allreduce
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
+        assert threads[0] == threading.current_thread().name and threads[1].startswith("shmrdv-pg")
+        assert t.tolist() == [1.0] * 4
+    finally:
+        dist.destroy_process_group()

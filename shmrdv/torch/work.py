@@ -8,16 +8,23 @@ therefore hands its calls to one worker thread, first in first out, and
 the caller gets a ``Work`` at once.
 
 A synchronous call (torch sets ``opts.asyncOp`` False, then waits at once)
-runs on the caller's own thread when nothing is queued before it: the
-hand-off to the worker and back (two thread switches, an Event) cost more
+runs on the caller's own thread when nothing is queued or running before
+it: the hand-off to the worker and back (two thread switches) costs more
 than a small collective itself. Whoever runs a call, the worker or such a
 caller, holds the worker's turn, so calls never overlap and keep their
-order.
+order. What that changes for the caller: an exception raised into the
+call while it waits (Ctrl-C, a signal handler's) ends it, and the group
+is aborted on every rank, as for ``shmrdv.Group``'s own calls (the others
+must not wait for a call this rank gave up); and a signal handler that
+waits for a collective of the same group while the interrupted thread
+runs one gets an error at once, since that one cannot finish before the
+handler returns.
 """
 import datetime
 import queue
 import threading
-from typing import Any, Callable, List, Optional
+import time
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -33,7 +40,11 @@ class Work(dist.Work):
     on; its value is the list of result tensors. It is the continuation of
     a Future this Work completes, not that Future itself: an error set on a
     plain Python Future and read from C++ brings the process down, while
-    one raised by a continuation reaches C++ as an ordinary exception."""
+    one raised by a continuation reaches C++ as an ordinary exception.
+
+    The Event a waiter sleeps on and the Futures are made when first asked
+    for (under _guard, against the completion): a call run on its caller's
+    thread is done before anyone could ask, and needs neither."""
 
     def __init__(self, worker: Optional["Worker"] = None) -> None:
         super().__init__()
@@ -41,15 +52,15 @@ class Work(dist.Work):
         self._done = False
         self._value: List[torch.Tensor] = []
         self._error: Optional[BaseException] = None
-        # held until done: a waiter acquires it and lets go at once (a
-        # plain Lock costs far less than an Event, on every call)
-        self._latch = threading.Lock()
-        self._latch.acquire()
-        # the Futures, made by the first get_future (most Works are only
-        # waited on): _guard orders that against the completion
         self._guard = threading.Lock()
+        self._event: Optional[threading.Event] = None
         self._source: Optional[torch.futures.Future] = None
         self._future: Optional[torch.futures.Future] = None
+
+    def _prepare(self) -> None:
+        """Make the Event and the Futures now (a call handed to the worker)."""
+        self._event = threading.Event()
+        self.get_future()
 
     def _finish(self, value: List[torch.Tensor]) -> None:
         self._value = value
@@ -62,8 +73,9 @@ class Work(dist.Work):
     def _complete(self) -> None:
         with self._guard:
             self._done = True
-            source = self._source
-        self._latch.release()
+            event, source = self._event, self._source
+        if event is not None:
+            event.set()
         if source is not None:
             self._settle(source)
 
@@ -78,13 +90,14 @@ class Work(dist.Work):
         not zero); raise its error."""
         if not self._done:
             seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout or 0)
-            if self._worker is not None and self._worker.is_current():
-                # waited on inside a callback the worker runs (a comm hook's
-                # .then): nobody else would run what is queued before us
-                self._worker.run_until(self)
-            if not self._latch.acquire(timeout=seconds if seconds > 0 else -1):
+            if self._worker is not None:
+                self._worker.before_wait(self)
+            with self._guard:
+                if self._event is None:
+                    self._event = threading.Event()
+                event, done = self._event, self._done
+            if not done and not event.wait(seconds if seconds > 0 else None):
                 raise RendezvousTimeout(f"the collective did not complete within {seconds} s")
-            self._latch.release()  # for the next waiter
         if self._error is not None:
             raise self._error
         return True
@@ -118,9 +131,10 @@ class Work(dist.Work):
 
 
 class Worker:
-    """The thread that runs one process group's collectives in call order.
+    """The thread that runs one process group's collectives in call order,
+    and the turn that whoever runs one of them holds.
 
-    ``on_error(exc)`` runs (on the worker) when a collective fails, before
+    ``on_error(exc)`` runs (where the collective ran) when it fails, before
     its Work is failed: there the group tells its peers, so that none waits
     for a rank that has given up."""
 
@@ -128,11 +142,16 @@ class Worker:
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._on_error = on_error
         self._closed = False
-        # Calls submitted and not yet finished, queued or running (under
-        # _state); the thread running a call holds _turn meanwhile.
+        # Under _state: calls submitted and not finished (queued or
+        # running), the call that holds the turn (runs) with its thread,
+        # if any, and how many threads wait on _turn_free for the turn to
+        # be free (the worker, behind a caller's call; close).
         self._state = threading.Lock()
+        self._turn_free = threading.Condition(self._state)
         self._pending = 0
-        self._turn = threading.Lock()
+        self._owner: Optional[Work] = None
+        self._owner_thread: Optional[int] = None
+        self._turn_wanted = 0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -150,38 +169,74 @@ class Worker:
             # callback may wait for it and nothing else would run it
             self._run(run, value, work)
             return work
-        here = counted = queued = False
-        try:  # the count and the turn stay right whatever raises (Ctrl-C)
+        me = threading.get_ident()
+        if waited and self._owner_thread == me:
+            raise self._nested()
+        counted = queued = False
+        try:  # whatever raises (Ctrl-C), the turn goes back and the count stays right
             with self._state:
                 self._pending += 1
                 counted = True
-                # Nothing pending: nobody holds the turn (the worker lets go
-                # of it before it counts its call done), so this does not
-                # block; taken under _state, before a later call is queued.
-                here = waited and self._pending == 1 and self._turn.acquire(blocking=False)
-            if here:
+                if waited and self._pending == 1:  # nobody runs a call, nobody waits to
+                    self._owner, self._owner_thread = work, me
+            if self._owner is work:
                 # in the caller's grad mode, unlike the worker's (off): the
                 # calls write only into tensors the backend has detached
                 self._run(run, value, work)
             else:
-                # its Futures now, on this thread: DistributedDataParallel
-                # asks for them at once, and the worker may be running it by then
-                work.get_future()
-                self._queue.put((run, value, work))
+                # its Event and Futures now, before the worker may run it:
+                # a queued call is waited for (DistributedDataParallel asks
+                # for the Futures at once)
+                work._prepare()
+                self._queue.put((run, value, work, torch.is_inference_mode_enabled()))
                 queued = True
         finally:
-            if here:
-                self._turn.release()
             if counted and not queued:
-                self._done_one()
+                self._done_one(work)
         return work
 
-    def _done_one(self) -> None:
+    def _done_one(self, work: Work) -> None:
+        """A call counted in _pending is over: the count, and the turn if it
+        holds it."""
         with self._state:
             self._pending -= 1
+            if self._owner is work:
+                self._owner = self._owner_thread = None
+                if self._turn_wanted:
+                    self._turn_free.notify_all()
+
+    def _wait_turn(self, free: Callable[[], bool], timeout: Optional[float] = None) -> None:
+        """Wait (under _state) until free(), at most timeout seconds."""
+        self._turn_wanted += 1
+        try:
+            self._turn_free.wait_for(free, timeout)
+        finally:
+            self._turn_wanted -= 1
+
+    def _take_turn(self, work: Work) -> None:
+        with self._state:
+            if self._owner is not None:  # a caller runs its own call: it goes first
+                self._wait_turn(lambda: self._owner is None)
+            self._owner, self._owner_thread = work, threading.get_ident()
+
+    @staticmethod
+    def _nested() -> RendezvousError:
+        return RendezvousError(
+            "a collective was waited for on a thread that is running another collective of the same process "
+            "group (from a signal handler?): that one cannot finish before this returns; make the call after it")
 
     def is_current(self) -> bool:
         return threading.current_thread() is self._thread
+
+    def before_wait(self, work: Work) -> None:
+        """Before a thread blocks on work: on the worker itself (a callback
+        the worker runs, such as a comm hook's .then) run what is queued up
+        to it, which nothing else would; on a thread that runs another call
+        (a signal handler's wait), refuse rather than hang."""
+        if self.is_current():
+            self.run_until(work)
+        elif self._owner_thread == threading.get_ident():
+            raise self._nested()
 
     def run_until(self, work: Work) -> None:
         """On the worker itself: run queued calls until work is done (it is
@@ -194,8 +249,19 @@ class Worker:
             if item is None:  # shut down: leave the marker for the loop
                 self._queue.put(None)
                 raise RendezvousError("the process group is shut down")
-            self._run(*item)
-            self._done_one()
+            self._run_item(item)
+            with self._state:
+                self._pending -= 1
+
+    def _run_item(self, item: Tuple[Callable[[], None], List[torch.Tensor], Work, bool]) -> None:
+        """A queued call, in its caller's inference mode (so that it may
+        write in place into inference tensors, as its caller could)."""
+        run, value, work, inference = item
+        if inference:
+            with torch.inference_mode():
+                self._run(run, value, work)
+        else:
+            self._run(run, value, work)
 
     def _run(self, run: Callable[[], None], value: List[torch.Tensor], work: Work) -> None:
         try:
@@ -215,21 +281,31 @@ class Worker:
             item = self._queue.get()
             if item is None:
                 return
-            with self._turn:  # a caller running its own call finishes it first
-                self._run(*item)
-            self._done_one()
+            work = item[2]
+            self._take_turn(work)
+            try:
+                self._run_item(item)
+            finally:
+                self._done_one(work)
 
     @property
     def running(self) -> bool:
-        return self._thread.is_alive()
+        """Whether a call may still be running: on the worker, or on a caller's thread."""
+        return self._thread.is_alive() or self._owner is not None
 
     def close(self, timeout: Optional[float] = None) -> None:
-        """Run what is queued, then stop (waiting at most timeout seconds)."""
+        """Run what is queued, then stop (waiting at most timeout seconds,
+        also for a call that a caller runs on its own thread)."""
         if not self._closed:
             self._closed = True
             self._queue.put(None)
-        if self._thread is not threading.current_thread():
+        deadline = None if timeout is None else time.monotonic() + timeout
+        me = threading.get_ident()
+        if self._thread.ident != me:
             self._thread.join(timeout)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        with self._state:  # not for ourselves: a signal handler of the thread that runs a call
+            self._wait_turn(lambda: self._owner_thread in (None, me), left)
 
 
 __all__ = ["Work", "Worker"]
