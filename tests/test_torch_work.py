@@ -5,6 +5,7 @@ them, and a Work completes, fails and hands out its Future alike either
 way."""
 import datetime
 import threading
+import time
 
 import pytest
 
@@ -273,3 +274,161 @@ def test_the_backend_runs_synchronous_calls_on_the_callers_thread(tmp_path):
         assert t.tolist() == [1.0] * 4
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_calls_from_several_threads_never_overlap_and_each_runs_once(worker, threads):
+    """Waited and unwaited calls from several threads, and callbacks on the
+    worker that make waited calls: no two ever run at once, each runs
+    exactly once, and the count and the turn come back to rest."""
+    import random
+
+    guard, state = threading.Lock(), {"busy": 0, "overlaps": 0, "inline": 0}
+    runs = []
+
+    def body(tag):
+        def run():
+            with guard:
+                state["busy"] += 1
+                state["overlaps"] += state["busy"] > 1
+            if threading.current_thread().name != "test-worker":
+                state["inline"] += 1
+            runs.append(tag)
+            with guard:
+                state["busy"] -= 1
+        return run
+
+    def user(seed):
+        r, pending = random.Random(seed), []
+        for i in range(400):
+            tag, c = (seed, i), r.random()
+            if c < 0.5:
+                worker.submit(body(tag), [], waited=True).wait(datetime.timedelta(seconds=WAIT_S))
+            elif c < 0.8:
+                pending.append(worker.submit(body(tag), []))
+            else:
+                first = worker.submit(body(tag), [])
+                first.get_future().then(
+                    lambda f, tag=tag: worker.submit(body(tag + ("cb",)), [], waited=True).wait())
+                pending.append(first)
+            if len(pending) > 5:
+                pending.pop(0).wait(datetime.timedelta(seconds=WAIT_S))
+        for p in pending:
+            p.wait(datetime.timedelta(seconds=WAIT_S))
+
+    users = [threading.Thread(target=user, args=(s,)) for s in range(threads)]
+    for t in users:
+        t.start()
+    for t in users:
+        t.join(100)
+    assert not any(t.is_alive() for t in users)
+    deadline = time.monotonic() + WAIT_S
+    while (worker._pending or worker._owner is not None) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert state["overlaps"] == 0
+    assert len(runs) == len(set(runs)), "a call ran twice"
+    assert sum(1 for tag in runs if len(tag) == 2) == 400 * threads
+    assert worker._pending == 0 and worker._owner is None
+    if threads == 1:
+        assert state["inline"] > 0  # the caller's own thread ran some
+
+
+def _interrupted_at(n, kind):
+    """Run one scenario with a KeyboardInterrupt raised at the n-th point of
+    shmrdv/torch/work.py where Python 3.11 can run a signal handler on the
+    interrupted thread: a Python function's entry and just after a C call
+    returns. None once n is past the last point; else where it fired and
+    what is wrong afterwards."""
+    import linecache
+    import sys
+
+    import shmrdv.torch.work as work_module
+
+    source = work_module.__file__
+    w = Worker("test-worker", lambda e: None)
+    box = {}
+    if kind == "inline":  # a caller runs its own call; another thread queues one meanwhile
+        def inline():
+            t = threading.Thread(target=lambda: box.setdefault("queued", w.submit(lambda: None, [])))
+            t.start()
+            t.join(WAIT_S)
+
+        def target():
+            w.submit(inline, [], waited=True)
+    else:  # a waited call queued behind one the worker runs
+        gate, started = threading.Event(), threading.Event()
+        box["queued"] = w.submit(lambda: (started.set(), gate.wait(WAIT_S)), [])
+        assert started.wait(WAIT_S)
+        threading.Timer(0.05, gate.set).start()
+
+        def target():
+            w.submit(lambda: None, [], waited=True).wait(datetime.timedelta(seconds=WAIT_S))
+    count, where = [0], []
+
+    def fire(frame, what):
+        count[0] += 1
+        if count[0] == n:
+            where.append((frame.f_code.co_name, frame.f_lineno, what))
+            raise KeyboardInterrupt
+
+    def trace(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == source:
+            fire(frame, linecache.getline(source, frame.f_lineno).strip())
+
+    def profile(frame, event, arg):
+        if event == "c_return" and frame.f_code.co_filename == source:
+            fire(frame, getattr(arg, "__qualname__", repr(arg)))
+
+    def body():
+        sys.settrace(trace)
+        sys.setprofile(profile)
+        try:
+            target()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+            sys.setprofile(None)
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(WAIT_S)
+    bad = ["the interrupted thread hangs"] if t.is_alive() else []
+    if "queued" in box:
+        try:
+            box["queued"].wait(datetime.timedelta(seconds=WAIT_S))
+        except RendezvousTimeout:
+            bad.append("a queued call never ran")
+    deadline = time.monotonic() + WAIT_S
+    while (w._pending or w._owner is not None) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if w._pending or w._owner is not None:
+        bad.append(f"count {w._pending}, turn {'held' if w._owner is not None else 'free'}")
+    log = []
+    try:
+        w.submit(lambda: log.append(threading.current_thread().name), [], waited=True).wait(
+            datetime.timedelta(seconds=WAIT_S))
+        if log != [threading.current_thread().name]:
+            bad.append("the next waited call no longer runs on its caller's thread")
+    except RendezvousTimeout:
+        bad.append("the next waited call hangs")
+    w.close(WAIT_S)
+    if w.running:
+        bad.append("close leaves it running")
+    return (where[0] if where else None), bad
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["inline", "queued"])
+def test_a_ctrl_c_wherever_a_signal_handler_can_run_leaves_the_worker_whole(kind):
+    failures, n = [], 1
+    while True:
+        where, bad = _interrupted_at(n, kind)
+        if where is None:
+            break
+        if bad:
+            failures.append((n, where, bad))
+        n += 1
+    assert n > 5, "the interrupt points were not reached"
+    assert not failures

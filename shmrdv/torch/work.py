@@ -57,11 +57,6 @@ class Work(dist.Work):
         self._source: Optional[torch.futures.Future] = None
         self._future: Optional[torch.futures.Future] = None
 
-    def _prepare(self) -> None:
-        """Make the Event and the Futures now (a call handed to the worker)."""
-        self._event = threading.Event()
-        self.get_future()
-
     def _finish(self, value: List[torch.Tensor]) -> None:
         self._value = value
         self._complete()
@@ -136,22 +131,31 @@ class Worker:
 
     ``on_error(exc)`` runs (where the collective ran) when it fails, before
     its Work is failed: there the group tells its peers, so that none waits
-    for a rank that has given up."""
+    for a rank that has given up.
+
+    Signal handlers (Python runs them on the main thread only, at a
+    function's entry and after a call returns) may interrupt a caller
+    anywhere, and may make calls of their own: so every change of the
+    count, the turn and the queue is made under _state, an RLock, in steps
+    that call nothing until the state is whole again (a handler that runs
+    in there finds it whole, and may take the lock too); the turn is given
+    back in a ``finally`` that calls nothing before it is; and whoever
+    waits for the turn also looks again every TURN_LOOK_S, so that a wake
+    lost to a Ctrl-C costs that long, never a hang."""
+
+    TURN_LOOK_S = 0.05
 
     def __init__(self, name: str, on_error: Callable[[BaseException], None]) -> None:
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._on_error = on_error
+        # Under _state: closed; calls submitted and not finished (queued or
+        # running); the call that holds the turn (runs) and its thread.
+        self._state = threading.RLock()
         self._closed = False
-        # Under _state: calls submitted and not finished (queued or
-        # running), the call that holds the turn (runs) with its thread,
-        # if any, and how many threads wait on _turn_free for the turn to
-        # be free (the worker, behind a caller's call; close).
-        self._state = threading.Lock()
-        self._turn_free = threading.Condition(self._state)
         self._pending = 0
         self._owner: Optional[Work] = None
         self._owner_thread: Optional[int] = None
-        self._turn_wanted = 0
+        self._turn_free = threading.Event()  # set when a caller gives the turn back
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -159,65 +163,48 @@ class Worker:
         """Queue run(); its Work's value is ``value`` once run() returns.
         ``waited``: the caller waits for it at once (torch's asyncOp is
         False); then, with nothing pending, it runs here and now."""
-        if self._closed:
-            raise RendezvousError("the process group is shut down")
         work = Work(self)
         if self.is_current():
             # issued by a completion callback (a comm hook's .then), which
             # runs on this thread right after the call before it: run it now,
             # at that same place in the order on every rank, since the
             # callback may wait for it and nothing else would run it
+            if self._closed:
+                raise RendezvousError("the process group is shut down")
             self._run(run, value, work)
             return work
         me = threading.get_ident()
         if waited and self._owner_thread == me:
             raise self._nested()
-        counted = queued = False
-        try:  # whatever raises (Ctrl-C), the turn goes back and the count stays right
-            with self._state:
-                self._pending += 1
-                counted = True
-                if waited and self._pending == 1:  # nobody runs a call, nobody waits to
-                    self._owner, self._owner_thread = work, me
-            if self._owner is work:
-                # in the caller's grad mode, unlike the worker's (off): the
-                # calls write only into tensors the backend has detached
-                self._run(run, value, work)
-            else:
-                # its Event and Futures now, before the worker may run it:
-                # a queued call is waited for (DistributedDataParallel asks
-                # for the Futures at once)
-                work._prepare()
-                self._queue.put((run, value, work, torch.is_inference_mode_enabled()))
-                queued = True
-        finally:
-            if counted and not queued:
-                self._done_one(work)
-        return work
-
-    def _done_one(self, work: Work) -> None:
-        """A call counted in _pending is over: the count, and the turn if it
-        holds it."""
-        with self._state:
-            self._pending -= 1
-            if self._owner is work:
-                self._owner = self._owner_thread = None
-                if self._turn_wanted:
-                    self._turn_free.notify_all()
-
-    def _wait_turn(self, free: Callable[[], bool], timeout: Optional[float] = None) -> None:
-        """Wait (under _state) until free(), at most timeout seconds."""
-        self._turn_wanted += 1
+        item = (run, value, work, torch.is_inference_mode_enabled())
+        inline = False
         try:
-            self._turn_free.wait_for(free, timeout)
+            with self._state:
+                if self._closed:
+                    raise RendezvousError("the process group is shut down")
+                self._pending += 1
+                if waited and self._pending == 1 and self._owner is None:
+                    self._owner, self._owner_thread = work, me
+                    inline = True  # with the turn, no call between: a signal finds both or neither
+                else:
+                    self._queue.put(item)  # counted and queued: whole, whatever runs next
+            if not inline:
+                return work
+            # in the caller's grad mode, unlike the worker's (off): the
+            # calls write only into tensors the backend has detached
+            try:
+                run()
+            except BaseException as exc:  # every error is the caller's to see, in wait()
+                self._failed(work, exc)
+            else:
+                work._finish(value)
         finally:
-            self._turn_wanted -= 1
-
-    def _take_turn(self, work: Work) -> None:
-        with self._state:
-            if self._owner is not None:  # a caller runs its own call: it goes first
-                self._wait_turn(lambda: self._owner is None)
-            self._owner, self._owner_thread = work, threading.get_ident()
+            if inline:  # the turn back, before anything is called
+                with self._state:
+                    self._pending -= 1
+                    self._owner = self._owner_thread = None
+                self._turn_free.set()
+        return work
 
     @staticmethod
     def _nested() -> RendezvousError:
@@ -267,26 +254,54 @@ class Worker:
         try:
             run()
         except BaseException as exc:  # every error is the caller's to see, in wait()
-            try:
-                self._on_error(exc)
-            except Exception:  # telling the peers is best effort: the caller's error comes first
-                pass
-            work._fail(exc)
+            self._failed(work, exc)
         else:
             work._finish(value)
 
+    def _failed(self, work: Work, exc: BaseException) -> None:
+        try:
+            self._on_error(exc)
+        except Exception:  # telling the peers is best effort: the caller's error comes first
+            pass
+        work._fail(exc)
+
+    def _take(self, work: Work, thread: int) -> bool:
+        """The turn for work, if it is free (under _state)."""
+        if self._owner is not None:
+            return False
+        self._owner, self._owner_thread = work, thread
+        return True
+
+    def _wait_turn(self, free: Callable[[], bool], deadline: Optional[float] = None) -> bool:
+        """Wait until free() (read under _state) or the deadline (monotonic)."""
+        while True:
+            self._turn_free.clear()
+            with self._state:
+                if free():
+                    return True
+            left = self.TURN_LOOK_S if deadline is None else min(self.TURN_LOOK_S, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            self._turn_free.wait(left)
+
     def _loop(self) -> None:
         torch.set_grad_enabled(False)  # results are written in place, also into tensors that require grad
+        me = threading.get_ident()
         while True:
             item = self._queue.get()
             if item is None:
                 return
             work = item[2]
-            self._take_turn(work)
+            with self._state:
+                took = self._take(work, me)
+            if not took:  # a caller runs its own call: it goes first
+                self._wait_turn(lambda: self._take(work, me))
             try:
                 self._run_item(item)
             finally:
-                self._done_one(work)
+                with self._state:
+                    self._pending -= 1
+                    self._owner = self._owner_thread = None
 
     @property
     def running(self) -> bool:
@@ -296,16 +311,16 @@ class Worker:
     def close(self, timeout: Optional[float] = None) -> None:
         """Run what is queued, then stop (waiting at most timeout seconds,
         also for a call that a caller runs on its own thread)."""
-        if not self._closed:
-            self._closed = True
-            self._queue.put(None)
         deadline = None if timeout is None else time.monotonic() + timeout
+        with self._state:
+            if not self._closed:
+                self._closed = True
+                self._queue.put(None)  # behind every call counted before
         me = threading.get_ident()
         if self._thread.ident != me:
             self._thread.join(timeout)
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        with self._state:  # not for ourselves: a signal handler of the thread that runs a call
-            self._wait_turn(lambda: self._owner_thread in (None, me), left)
+        # not for ourselves: a signal handler of the thread that runs a call
+        self._wait_turn(lambda: self._owner_thread in (None, me), deadline)
 
 
 __all__ = ["Work", "Worker"]
