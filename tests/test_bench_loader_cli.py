@@ -9,7 +9,8 @@ import sys
 import pytest
 
 LIBRARIES = ("in-process", "torch", "shmrdv")
-CASES = ("tensor 1 MiB", "tensor 19 MiB", "random tensor 1 MiB", "random tensor 19 MiB", "images 32x3x224x224 uint8")
+CASES = ("tensor 1 MiB", "tensor 19 MiB", "partly random tensor 1 MiB", "partly random tensor 19 MiB",
+         "random tensor 1 MiB", "random tensor 19 MiB", "images 32x3x224x224 uint8")
 
 
 @pytest.mark.timeout(180)
