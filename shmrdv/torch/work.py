@@ -191,7 +191,9 @@ class Worker:
             if not inline:
                 return work
             # in the caller's grad mode, unlike the worker's (off): the
-            # calls write only into tensors the backend has detached
+            # calls write only into tensors the backend has detached. _run's
+            # body written out, not called: an interrupt at _run's entry
+            # would skip on_error (the peers not told)
             try:
                 run()
             except BaseException as exc:  # every error is the caller's to see, in wait()
