@@ -432,3 +432,38 @@ def test_a_ctrl_c_wherever_a_signal_handler_can_run_leaves_the_worker_whole(kind
         n += 1
     assert n > 5, "the interrupt points were not reached"
     assert not failures
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_handler_that_waits_inside_submits_lock_hold_gets_an_error(worker):
+    """A handler that runs just after submit has queued a call (Python runs
+    them after a C call returns, here inside the hold of the worker's lock,
+    which the worker needs to run anything) and waits for a collective of
+    its own: an error at once, not a deadlock; both calls still run."""
+    import sys
+
+    import shmrdv.torch.work as work_module
+
+    seen = {}
+
+    def handler_like(frame, event, arg):
+        if (event == "c_return" and frame.f_code.co_filename == work_module.__file__
+                and getattr(arg, "__name__", "") == "put" and "nested" not in seen):
+            sys.setprofile(None)
+            seen["nested"] = worker.submit(lambda: seen.setdefault("ran", True), [])
+            with pytest.raises(RendezvousError, match="signal handler"):
+                seen["nested"].wait(datetime.timedelta(seconds=WAIT_S))
+
+    gate, started = threading.Event(), threading.Event()
+    first = worker.submit(lambda: (started.set(), gate.wait(WAIT_S)), [])
+    assert started.wait(WAIT_S)
+    sys.setprofile(handler_like)
+    try:
+        second = worker.submit(lambda: None, [], waited=True)  # queued behind the first
+    finally:
+        sys.setprofile(None)
+    gate.set()
+    assert "nested" in seen
+    for w in (first, second, seen["nested"]):
+        assert w.wait(datetime.timedelta(seconds=WAIT_S))
+    assert seen.get("ran")

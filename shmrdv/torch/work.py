@@ -220,11 +220,12 @@ class Worker:
     def before_wait(self, work: Work) -> None:
         """Before a thread blocks on work: on the worker itself (a callback
         the worker runs, such as a comm hook's .then) run what is queued up
-        to it, which nothing else would; on a thread that runs another call
-        (a signal handler's wait), refuse rather than hang."""
+        to it, which nothing else would; on a thread that runs another call,
+        or holds _state (a signal handler that ran in submit's lock hold,
+        which the worker needs), refuse rather than hang."""
         if self.is_current():
             self.run_until(work)
-        elif self._owner_thread == threading.get_ident():
+        elif self._owner_thread == threading.get_ident() or self._state._is_owned():
             raise self._nested()
 
     def run_until(self, work: Work) -> None:
