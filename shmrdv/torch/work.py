@@ -52,6 +52,9 @@ class Work(dist.Work):
         self._done = False
         self._value: List[torch.Tensor] = []
         self._error: Optional[BaseException] = None
+        # Nothing is called while _guard is held: a signal handler that ran
+        # there and waited for this Work, or for a call the worker runs after
+        # it (the worker completes it under _guard), would wait for itself.
         self._guard = threading.Lock()
         self._event: Optional[threading.Event] = None
         self._source: Optional[torch.futures.Future] = None
@@ -87,9 +90,10 @@ class Work(dist.Work):
             seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout or 0)
             if self._worker is not None:
                 self._worker.before_wait(self)
+            fresh = threading.Event() if self._event is None else None  # made outside _guard: see _guard
             with self._guard:
                 if self._event is None:
-                    self._event = threading.Event()
+                    self._event = fresh
                 event, done = self._event, self._done
             if not done and not event.wait(seconds if seconds > 0 else None):
                 raise RendezvousTimeout(f"the collective did not complete within {seconds} s")
@@ -98,12 +102,17 @@ class Work(dist.Work):
         return True
 
     def get_future(self) -> torch.futures.Future:
+        if self._future is not None:
+            return self._future
+        source = torch.futures.Future()  # made outside _guard: see _guard
+        future = source.then(lambda f: f.value())
         with self._guard:
-            if self._future is not None:
-                return self._future
-            source = self._source = torch.futures.Future()
-            future = self._future = source.then(lambda f: f.value())
+            mine = self._future is None
+            if mine:
+                self._source, self._future = source, future
             done = self._done
+        if not mine:  # another thread's came first
+            return self._future
         if done:
             self._settle(source)
         return future
@@ -201,11 +210,25 @@ class Worker:
             else:
                 work._finish(value)
         finally:
-            if inline:  # the turn back, before anything is called
-                with self._state:
-                    self._pending -= 1
-                    self._owner = self._owner_thread = None
+            # The turn and the count back, before anything is called (a
+            # function's entry is where a signal handler may run); a handler
+            # may also raise while this thread waits for _state, which the
+            # worker takes now and then: the stores are made or not at all,
+            # so they are retried until made, then the first such error
+            # raised (a second handler raising as the retry turns could
+            # still leave with the turn held: the one window left).
+            interrupted: Optional[BaseException] = None
+            while inline and self._owner is work:
+                try:
+                    with self._state:  # nothing called in here
+                        self._pending -= 1
+                        self._owner = self._owner_thread = None
+                except BaseException as exc:
+                    interrupted = interrupted or exc
+            if inline:
                 self._turn_free.set()
+            if interrupted is not None:
+                raise interrupted
         return work
 
     @staticmethod
@@ -320,7 +343,9 @@ class Worker:
                 self._closed = True
                 self._queue.put(None)  # behind every call counted before
         me = threading.get_ident()
-        if self._thread.ident != me:
+        # the worker may be waiting for a turn that this thread holds (a
+        # signal handler of a caller running its own call): it cannot end first
+        if self._thread.ident != me and self._owner_thread != me:
             self._thread.join(timeout)
         # not for ourselves: a signal handler of the thread that runs a call
         self._wait_turn(lambda: self._owner_thread in (None, me), deadline)
