@@ -12,3 +12,14 @@ def test_stress_under_sanitizers(tmp_path):
     run = run_c_program(exe, "t-cstress", timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "sent sum" in run.stdout
+
+
+@pytest.mark.timeout(300)
+def test_core_pingpong_benchmark_runs_under_sanitizers(tmp_path):
+    """benchmarks/core_pingpong.c (the core's round trip without Python),
+    once, as a check that it still builds and runs; no time is judged."""
+    exe = tmp_path / "core_pingpong"
+    build_sanitized(ROOT / "benchmarks" / "core_pingpong.c", exe)
+    run = run_c_program(exe, "core-pingpong", timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "core 64 B round trip" in run.stdout

@@ -1,0 +1,98 @@
+/* The C core's own 64 B round trip between two processes, with no Python:
+ * rdv_send and rdv_recv on two keys, the parent on CPU 0 and a forked child
+ * on CPU 1 ("apart", the default) or on CPU 0 ("same"). What a shmrdv round
+ * trip costs below the Python layer, and so what a change of the core's
+ * hand-off can win: compare it with `shmrdv bench`'s round trip and with
+ * line_pingpong.c's cache-line floor, measured in the same minutes.
+ *
+ *   gcc -O2 -std=gnu11 -Icsrc -o /tmp/core_pingpong benchmarks/core_pingpong.c csrc/rdv_*.c -lpthread
+ *   /tmp/core_pingpong [round trips] [apart|same]
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shmrdv.h"
+
+static const int64_t shape[1] = {16}, strides[1] = {4};
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static void pin(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    sched_setaffinity(0, sizeof set, &set);
+}
+
+static void check(int rc, const char *what) {
+    if (rc < 0) {
+        fprintf(stderr, "%s: %s\n", what, strerror(-rc));
+        exit(1);
+    }
+}
+
+/* One leg: receive on `in` (copying the payload out, as a reader would),
+ * send on `out`; the first side sends before it receives. */
+static void leg(rdv_t *h, const char *in, const char *out, int send_first, char *buf) {
+    struct rdv_msg_info m;
+    if (send_first)
+        check(rdv_send(h, out, 4, "<f4", 3, 1, shape, strides, buf, 64, -1), "send");
+    check(rdv_recv(h, in, 4, 30000000000LL, &m), "recv");
+    memcpy(buf, m.payload, 64);
+    check(rdv_release_payload(h, m.payload), "release");
+    if (!send_first)
+        check(rdv_send(h, out, 4, "<f4", 3, 1, shape, strides, buf, 64, -1), "send");
+}
+
+int main(int argc, char **argv) {
+    long n = argc > 1 ? atol(argv[1]) : 200000;
+    int apart = !(argc > 2 && strcmp(argv[2], "same") == 0);
+    const long warmup = 1000;
+    char name[64], buf[64] = {0};
+    snprintf(name, sizeof name, "/shmrdv-core-pingpong-%d", (int)getpid());
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+        perror("shm_open");
+        return 1;
+    }
+    rdv_t *h;
+    int rc = rdv_create(fd, 16 << 20, 1024, &h);
+    if (rc < 0) {
+        shm_unlink(name);
+        check(rc, "rdv_create");
+    }
+    pid_t child = fork();
+    if (child == 0) {
+        pin(apart ? 1 : 0);
+        rdv_t *c;
+        check(rdv_attach(shm_open(name, O_RDWR, 0), &c), "rdv_attach");
+        for (long i = 0; i < n + warmup; i++)
+            leg(c, "ping", "pong", 0, buf);
+        _exit(0);
+    }
+    pin(0);
+    for (long i = 0; i < warmup; i++)
+        leg(h, "pong", "ping", 1, buf);
+    int64_t t0 = now_ns();
+    for (long i = 0; i < n; i++)
+        leg(h, "pong", "ping", 1, buf);
+    int64_t t1 = now_ns();
+    int status = 0;
+    waitpid(child, &status, 0);
+    shm_unlink(name);
+    printf("core 64 B round trip, %s: %.0f ns (mean of %ld)\n", apart ? "apart" : "same", (double)(t1 - t0) / n, n);
+    return status != 0;
+}
