@@ -60,6 +60,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_timing.h"
 #include "rdv_arena.h"
 #include "rdv_atomic.h"
 #include "rdv_lock.h"
@@ -79,12 +80,6 @@ __attribute__((format(printf, 1, 2), noreturn)) static void fatal(const char *fm
     fprintf(stderr, "\n");
     va_end(ap);
     exit(2);
-}
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- random numbers: splitmix64, one stream per run ----------------------- */

@@ -20,22 +20,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_timing.h"
 #include "shmrdv.h"
 
 static const int64_t shape[1] = {16}, strides[1] = {4};
-
-static int64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
-static void pin(int cpu) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    sched_setaffinity(0, sizeof set, &set);
-}
 
 static void check(int rc, const char *what) {
     if (rc < 0) {
@@ -86,10 +74,10 @@ int main(int argc, char **argv) {
     pin(0);
     for (long i = 0; i < warmup; i++)
         leg(h, "pong", "ping", 1, buf);
-    int64_t t0 = now_ns();
+    uint64_t t0 = now_ns();
     for (long i = 0; i < n; i++)
         leg(h, "pong", "ping", 1, buf);
-    int64_t t1 = now_ns();
+    uint64_t t1 = now_ns();
     int status = 0;
     waitpid(child, &status, 0);
     shm_unlink(name);

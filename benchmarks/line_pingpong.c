@@ -16,21 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_timing.h"
+
 #define ROUNDS 200000L
-
-static long now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000L + t.tv_nsec;
-}
-
-static void pin(int cpu) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    if (sched_setaffinity(0, sizeof set, &set) != 0)
-        perror("sched_setaffinity");
-}
 
 int main(void) {
     /* ping in the first word, pong in another line */
@@ -50,7 +38,7 @@ int main(void) {
         _exit(0);
     }
     pin(0);
-    long start = now_ns();
+    uint64_t start = now_ns();
     for (long i = 1; i <= ROUNDS; i++) {
         atomic_store(&line[0], i);
         while (atomic_load(&line[8]) != i)
