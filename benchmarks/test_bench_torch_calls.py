@@ -11,9 +11,10 @@ from __future__ import annotations
 import datetime
 import multiprocessing
 import os
-import socket
 
 import pytest
+
+from shmrdv.bench.collective_peers import _free_port
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -51,12 +52,6 @@ def _rank1(backend: str, port: int, op: str, nbytes: int, calls: int, cpu: int) 
         dist.barrier()
     finally:
         dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(300)
