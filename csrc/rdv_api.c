@@ -33,6 +33,8 @@ static int count_wanting(rdv_t *h, int *wanting) {
     return 1;
 }
 
+static int check_key(uint32_t key_len) { return key_len == 0 || key_len > RDV_KEY_MAX ? -EINVAL : 0; }
+
 static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
                    uint32_t dtype_len, uint32_t ndim, const int64_t *shape,
                    const int64_t *strides, uint64_t nbytes, int64_t timeout_ns,
@@ -110,8 +112,8 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
     return 0;
 }
 
-static int do_send_commit(rdv_t *h, uint64_t pos) {
-    int rc = rdv_queue_link(h, pos);
+static int do_send_commit(rdv_t *h, uint64_t pos, const uint64_t *hash) {
+    int rc = rdv_queue_link(h, pos, hash);
     if (rc < 0 && rc != -EINVAL) /* -EINVAL: not a block we are writing, not ours to free */
         rdv_arena_free(h, pos); /* a message that cannot be queued is not sent */
     return rc;
@@ -120,6 +122,12 @@ static int do_send_commit(rdv_t *h, uint64_t pos) {
 static int do_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
              uint32_t dtype_len, uint32_t ndim, const int64_t *shape,
              const int64_t *strides, const void *src, uint64_t nbytes, int64_t timeout_ns) {
+    if (check_key(key_len) < 0)
+        return -EINVAL;
+    /* hashed once, first: the key's slot line comes over while we write */
+    uint64_t hash[2];
+    rdv_hash_key(h, key, key_len, &hash[0], &hash[1]);
+    rdv_index_warm(h, hash[0]);
     uint64_t pos;
     void *payload;
     int rc = do_send_begin(h, key, key_len, dtype, dtype_len, ndim, shape, strides, nbytes,
@@ -127,7 +135,7 @@ static int do_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtyp
     if (rc < 0)
         return rc;
     memcpy(payload, src, nbytes);
-    return do_send_commit(h, pos);
+    return do_send_commit(h, pos, hash);
 }
 
 /* ---- receiving ----------------------------------------------------------
@@ -135,8 +143,6 @@ static int do_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtyp
  * and waits on its leader's state; a send decides it (rdv_queue.c's
  * hand-off). A group (rdv_recv_any_start) is one record per key, all
  * naming the first as leader, chained through sibling. */
-
-static int check_key(uint32_t key_len) { return key_len == 0 || key_len > RDV_KEY_MAX ? -EINVAL : 0; }
 
 /* Take slot idx's oldest message (the slot locked, and released here). */
 static int pop_locked(rdv_t *h, uint32_t idx, const char *key, uint32_t key_len, uint32_t flags,
@@ -636,7 +642,7 @@ int rdv_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char *dtyp
     return rc;
 }
 
-int rdv_send_commit(rdv_t *h, uint64_t pos) { WITH_REF(h, do_send_commit(h, pos)); }
+int rdv_send_commit(rdv_t *h, uint64_t pos) { WITH_REF(h, do_send_commit(h, pos, NULL)); }
 
 static int do_send_discard(rdv_t *h, uint64_t pos) {
     uint64_t len;

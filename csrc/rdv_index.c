@@ -210,6 +210,11 @@ static int insert(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, int crea
 int rdv_index_acquire(rdv_t *h, const char *key, uint32_t key_len, int create, uint32_t *idx) {
     uint64_t h1, h2;
     rdv_hash_key(h, key, key_len, &h1, &h2);
+    return rdv_index_acquire_hashed(h, h1, h2, key_len, create, idx);
+}
+
+int rdv_index_acquire_hashed(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, int create,
+                             uint32_t *idx) {
     for (;;) {
         uint32_t i;
         int rc = rdv_index_find(h, h1, h2, key_len, &i);

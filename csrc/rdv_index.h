@@ -21,6 +21,17 @@ enum {
 /* Find the key's slot, inserting it as create says; returns with the slot
  * locked. -ENOENT (not found, RDV_INDEX_FIND) or -ENOSPC. */
 int rdv_index_acquire(rdv_t *h, const char *key, uint32_t key_len, int create, uint32_t *idx);
+/* rdv_index_acquire of a key already hashed (rdv_hash_key). */
+int rdv_index_acquire_hashed(rdv_t *h, uint64_t h1, uint64_t h2, uint32_t key_len, int create,
+                             uint32_t *idx);
+/* Start fetching, for writing, the line of the home slot of a key of hash h1
+ * (where most keys live): a send calls it before it writes its message, so
+ * that the line, which the receiver that lined up there wrote last, comes
+ * over meanwhile instead of after (about 100 ns of a 1.1 us round trip
+ * between two CPUs). A hint: it reads and writes nothing. */
+static inline void rdv_index_warm(const rdv_t *h, uint64_t h1) {
+    __builtin_prefetch(&h->kslots[h1 & h->slot_mask], 1);
+}
 void rdv_index_release(rdv_t *h, uint32_t idx);
 /* With the slot locked: turn it into a tombstone if nothing needs it. */
 void rdv_index_maybe_delete(rdv_t *h, uint32_t idx);

@@ -85,7 +85,7 @@ int rdv_mark_commit(rdv_t *h, uint64_t pos, uint32_t idx, uint64_t id, uint64_t 
     /* full barrier: the new mark lands before the commit can, so a death
      * after the commit point finds the mark already changed */
     smp_mb();
-    int rc = rdv_queue_link(h, pos);
+    int rc = rdv_queue_link(h, pos, NULL);
     end_change(h, idx, rc == 0);
     pthread_mutex_unlock(&h->mark_lock);
     if (rc < 0 && rc != -EINVAL) /* -EINVAL: no longer a block we are writing */

@@ -54,7 +54,7 @@ static void serve_and_release(rdv_t *h, uint32_t idx) {
     rdv_waiter_wake_now(&wk);
 }
 
-int rdv_queue_link(rdv_t *h, uint64_t pos) {
+int rdv_queue_link(rdv_t *h, uint64_t pos, const uint64_t *hash) {
     uint64_t len;
     struct rdv_msg *m = rdv_queue_writing(h, pos, h->me + 1, &len);
     if (!m)
@@ -63,7 +63,8 @@ int rdv_queue_link(rdv_t *h, uint64_t pos) {
     if (!rdv_msg_key_fits(m, len))
         return -EBADMSG;
     uint32_t idx;
-    int rc = rdv_index_acquire(h, rdv_msg_key(m), m->key_len, RDV_INDEX_CREATE, &idx);
+    int rc = hash ? rdv_index_acquire_hashed(h, hash[0], hash[1], m->key_len, RDV_INDEX_CREATE, &idx)
+                  : rdv_index_acquire(h, rdv_msg_key(m), m->key_len, RDV_INDEX_CREATE, &idx);
     if (rc < 0)
         return rc;
     struct rdv_slot *s = &h->kslots[idx];

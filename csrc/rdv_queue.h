@@ -40,8 +40,9 @@ struct rdv_msg *rdv_queue_writing(rdv_t *h, uint64_t pos, uint32_t who, uint64_t
 /* Link the block at pos, which we are writing, onto its key's queue: the
  * commit point of a send. -EINVAL if it is not a block we are writing (left
  * alone); on any other failure the block is left as it was, the caller's to
- * free. */
-int rdv_queue_link(rdv_t *h, uint64_t pos);
+ * free. hash: the key's two hashes (rdv_hash_key) if the caller has them,
+ * else NULL (the key in the message's header is hashed). */
+int rdv_queue_link(rdv_t *h, uint64_t pos, const uint64_t *hash);
 /* With slot s locked and a message queued: describe it into out (bounds-
  * checking everything read from shared memory) and unlink it, delivered to
  * us (leased: it goes back to the queue if we die holding it). */
