@@ -60,8 +60,8 @@ def main() -> None:
         runs = ab_builds.alternate(args, __file__, [placement, str(args.rounds)])
         for build, figures in runs.items():
             medians = [f[0] for f in figures]
-            print(f"64 B round trip, {placement}, {build}: median {statistics.median(medians):.1f} us over "
-                  f"{args.pairs} runs (runs: {', '.join(f'{m:.1f}' for m in sorted(medians))})")
+            print(f"64 B round trip, {placement}, {build}: median {statistics.median(medians):.2f} us over "
+                  f"{args.pairs} runs (runs: {', '.join(f'{m:.2f}' for m in sorted(medians))})")
 
 
 if __name__ == "__main__":

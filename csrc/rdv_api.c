@@ -247,23 +247,28 @@ static void end_group(rdv_t *h, uint32_t leader) {
 /* Wait for the group's leader to be decided: 0 once it is, -ECONNABORTED,
  * -ETIMEDOUT, -EINTR. */
 static int await_decision(rdv_t *h, struct rdv_waiter *l, int64_t timeout_ns) {
+    /* One reading of the clock, before the first look, serves the deadline,
+     * the first look for the dead and the wait's own start: a send that
+     * comes meanwhile waits for every reading (rdv_deadline_init_at). */
+    int64_t now = rdv_now_ns();
     struct rdv_deadline d;
-    rdv_deadline_init(&d, timeout_ns);
-    int64_t next_reclaim_ns = rdv_now_ns() + RDV_RECLAIM_EVERY_NS;
-    for (;;) {
+    rdv_deadline_init_at(&d, timeout_ns, now);
+    int64_t next_reclaim_ns = now + RDV_RECLAIM_EVERY_NS;
+    for (int first = 1;; first = 0) {
         /* acquire: pairs with the send's CAS (rdv_waiter_decide) */
         if (smp_load_acquire(&l->state) != RDV_WAITER_WAITING)
             return 0;
         if (rdv_is_aborted(h))
             return -ECONNABORTED;
+        if (!first)
+            now = rdv_now_ns();
         int64_t left;
-        if (timeout_ns == 0 || rdv_deadline_left(&d, &left) < 0)
+        if (timeout_ns == 0 || rdv_deadline_left_at(&d, now, &left) < 0)
             return -ETIMEDOUT;
         /* A waiter ahead of us in line that died takes the messages handed
          * to it with it until it is reclaimed (they then come back to the
          * head of the key, for us): after a while of waiting, look for the
          * dead, as a producer waiting for space does. */
-        int64_t now = rdv_now_ns();
         if (now >= next_reclaim_ns) {
             rdv_recover_dead(h, NULL);
             next_reclaim_ns = rdv_now_ns() + RDV_RECLAIM_EVERY_NS;
@@ -272,7 +277,7 @@ static int await_decision(rdv_t *h, struct rdv_waiter *l, int64_t timeout_ns) {
         struct rdv_deadline step = d;
         if (d.forever || d.at_ns > next_reclaim_ns)
             step = (struct rdv_deadline){.forever = 0, .at_ns = next_reclaim_ns};
-        int rc = rdv_wait_change(h, &l->state, &l->sleeping, RDV_WAITER_WAITING, &step);
+        int rc = rdv_wait_change_at(h, &l->state, &l->sleeping, RDV_WAITER_WAITING, &step, now);
         if (rc == -EINTR)
             return smp_load_acquire(&l->state) != RDV_WAITER_WAITING ? 0 : -EINTR; /* as above */
     }

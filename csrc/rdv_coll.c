@@ -610,7 +610,7 @@ static void publish(rdv_group_t *g, uint32_t P) {
 }
 
 static int spin_for(rdv_group_t *g, uint32_t r, uint32_t target, int64_t budget, struct rdv_spin *spin) {
-    rdv_spin_begin(spin);
+    rdv_spin_begin(spin, rdv_now_ns());
     for (;;) {
         for (int k = 0; k < RDV_SPIN_CHECK_EVERY; k++) {
             /* relaxed: a hint to stop spinning; behind() re-reads with acquire */

@@ -36,8 +36,9 @@ struct rdv_spin {
     int crowded; /* the spin ended because no CPU was spare, not on its budget */
 };
 
-static inline void rdv_spin_begin(struct rdv_spin *s) {
-    s->start = rdv_now_ns();
+/* A spin starting at now_ns, the clock as its caller last read it. */
+static inline void rdv_spin_begin(struct rdv_spin *s, int64_t now_ns) {
+    s->start = now_ns;
     s->next_look = s->start + RDV_SPIN_FREE_NS;
     s->crowded = 0;
 }

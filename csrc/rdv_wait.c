@@ -17,15 +17,22 @@
  * CPU (a yield with nothing else to run returns at once). */
 #define RDV_YIELD_NS 50000
 
-void rdv_deadline_init(struct rdv_deadline *d, int64_t timeout_ns) {
+static int reads_no_clock(int64_t timeout_ns) {
+    return timeout_ns <= 0 || timeout_ns >= RDV_FOREVER_NS; /* forever, or passed at once */
+}
+
+void rdv_deadline_init_at(struct rdv_deadline *d, int64_t timeout_ns, int64_t now_ns) {
     d->forever = timeout_ns < 0 || timeout_ns >= RDV_FOREVER_NS;
     /* A zero timeout has passed at once: at_ns 0 says so with no clock call
      * (a reading plus a positive timeout is never 0). */
-    d->at_ns = d->forever || timeout_ns == 0 ? 0 : rdv_now_ns() + timeout_ns;
+    d->at_ns = d->forever || timeout_ns == 0 ? 0 : now_ns + timeout_ns;
 }
 
-/* 0 with the time left (INT64_MAX when forever), or -ETIMEDOUT. */
-int rdv_deadline_left(const struct rdv_deadline *d, int64_t *left_ns) {
+void rdv_deadline_init(struct rdv_deadline *d, int64_t timeout_ns) {
+    rdv_deadline_init_at(d, timeout_ns, reads_no_clock(timeout_ns) ? 0 : rdv_now_ns());
+}
+
+int rdv_deadline_left_at(const struct rdv_deadline *d, int64_t now_ns, int64_t *left_ns) {
     if (d->forever) {
         *left_ns = INT64_MAX;
         return 0;
@@ -34,9 +41,14 @@ int rdv_deadline_left(const struct rdv_deadline *d, int64_t *left_ns) {
         *left_ns = 0;
         return -ETIMEDOUT;
     }
-    int64_t left = d->at_ns - rdv_now_ns();
+    int64_t left = d->at_ns - now_ns;
     *left_ns = left;
     return left > 0 ? 0 : -ETIMEDOUT;
+}
+
+/* 0 with the time left (INT64_MAX when forever), or -ETIMEDOUT. */
+int rdv_deadline_left(const struct rdv_deadline *d, int64_t *left_ns) {
+    return rdv_deadline_left_at(d, d->forever || d->at_ns == 0 ? 0 : rdv_now_ns(), left_ns);
 }
 
 int rdv_is_aborted(const rdv_t *h) {
@@ -54,8 +66,9 @@ int rdv_is_aborted(const rdv_t *h) {
  * the word changed. No sched_yield: with an unrelated task on this CPU a
  * yield can cost a whole time slice (milliseconds); a waker that shares
  * our CPU is yielded to instead (yield_for_change). */
-static int spin_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t budget_ns, struct rdv_spin *spin) {
-    rdv_spin_begin(spin);
+static int spin_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t budget_ns, struct rdv_spin *spin,
+                           int64_t now_ns) {
+    rdv_spin_begin(spin, now_ns);
     for (;;) {
         for (int i = 0; i < RDV_SPIN_CHECK_EVERY; i++) {
             /* relaxed: only a hint to stop spinning; the caller re-reads the
@@ -93,8 +106,8 @@ static void note_space_waker(rdv_t *h, const uint32_t *kword) {
  * it cannot run while we spin, and a yield hands it the CPU at once, where
  * a futex sleep costs a sleep and a wake syscall on top of the same switch
  * (and a waiter that is not counted asleep spares the waker its wake). */
-static int yield_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t budget_ns) {
-    int64_t start = rdv_now_ns();
+static int yield_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t budget_ns, int64_t now_ns) {
+    int64_t start = now_ns;
     for (;;) {
         /* relaxed: only a hint to stop waiting; as in spin_for_change */
         if (READ_ONCE(*kword) != seen)
@@ -109,19 +122,24 @@ static int yield_for_change(rdv_t *h, uint32_t *kword, uint32_t seen, int64_t bu
  * Callers re-check their condition either way. */
 int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t seen,
                     const struct rdv_deadline *d) {
+    return rdv_wait_change_at(h, kword, ksleepers, seen, d, rdv_now_ns());
+}
+
+int rdv_wait_change_at(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t seen,
+                       const struct rdv_deadline *d, int64_t now_ns) {
     int64_t left;
-    if (rdv_deadline_left(d, &left) < 0)
+    if (rdv_deadline_left_at(d, now_ns, &left) < 0)
         return -ETIMEDOUT;
 
     int64_t budget = READ_ONCE(h->spin_ns); /* process-local hint; races only blur it */
-    int64_t t0 = rdv_now_ns();
+    int64_t t0 = now_ns;
     /* Lately whoever ended our waits ran on our CPU: it cannot run while
      * we spin, so yield to it for a while instead, then sleep. The spin
      * budget is left alone: it is learned from wakers on other CPUs. */
     int same_cpu = __builtin_popcount(READ_ONCE(*same_cpu_history(h, kword))) >= 2;
     struct rdv_spin spin = {0};
-    if (same_cpu ? yield_for_change(h, kword, seen, RDV_YIELD_NS < left ? RDV_YIELD_NS : left)
-                 : spin_for_change(h, kword, seen, budget < left ? budget : left, &spin)) {
+    if (same_cpu ? yield_for_change(h, kword, seen, RDV_YIELD_NS < left ? RDV_YIELD_NS : left, t0)
+                 : spin_for_change(h, kword, seen, budget < left ? budget : left, &spin, t0)) {
         note_space_waker(h, kword);
         return 0;
     }

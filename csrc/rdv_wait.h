@@ -16,6 +16,11 @@ struct rdv_deadline {
 void rdv_deadline_init(struct rdv_deadline *d, int64_t timeout_ns);
 /* 0 with the time left (INT64_MAX when forever), or -ETIMEDOUT. */
 int rdv_deadline_left(const struct rdv_deadline *d, int64_t *left_ns);
+/* The two above with the clock read already (now_ns, a moment ago). A
+ * receiver that is about to wait reads it once for all of them: each
+ * reading costs ~16 ns, and a send that comes meanwhile waits for them. */
+void rdv_deadline_init_at(struct rdv_deadline *d, int64_t timeout_ns, int64_t now_ns);
+int rdv_deadline_left_at(const struct rdv_deadline *d, int64_t now_ns, int64_t *left_ns);
 /* Aborted, or this handle's segment was truncated under it: either ends every wait. */
 int rdv_is_aborted(const rdv_t *h);
 
@@ -25,6 +30,9 @@ int rdv_is_aborted(const rdv_t *h);
  * when it is 0. */
 int rdv_wait_change(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t seen,
                     const struct rdv_deadline *d);
+/* rdv_wait_change with the clock read already (now_ns, a moment ago). */
+int rdv_wait_change_at(rdv_t *h, uint32_t *kword, uint32_t *ksleepers, uint32_t seen,
+                       const struct rdv_deadline *d, int64_t now_ns);
 void rdv_wake_all(uint32_t *kword, uint32_t *ksleepers);
 /* The two halves of rdv_wake_all, so a wake syscall can be made after a
  * lock is dropped: a woken receiver that preempts us (same CPU) must not

@@ -24,7 +24,7 @@
  * says stop: 1 if it stopped crowded. */
 static int spin_until_stopped(int64_t budget_ns) {
     struct rdv_spin s;
-    rdv_spin_begin(&s);
+    rdv_spin_begin(&s, rdv_now_ns());
     do {
         for (int i = 0; i < RDV_SPIN_CHECK_EVERY; i++)
             rdv_cpu_relax();
