@@ -18,6 +18,7 @@
 #include <numpy/arrayobject.h>
 #include <structmember.h>
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -37,6 +38,7 @@
 static __typeof__(rdv_send) *core_send;
 static __typeof__(rdv_send_many) *core_send_many;
 static __typeof__(rdv_recv_start) *core_recv_start;
+static __typeof__(rdv_recv_wait) *core_recv_wait;
 static __typeof__(rdv_release_payload) *core_release;
 
 /* ---- Payload: the owner of one received message's block ------------------ */
@@ -128,7 +130,7 @@ static PyObject *take_view(rdv_t *h, struct rdv_msg_info *info, PyObject *dtype,
 
 /* The core's functions are given by init(); the module is unusable before. */
 static int ready(void) {
-    if (core_send && core_send_many && core_recv_start && core_release)
+    if (core_send && core_send_many && core_recv_start && core_recv_wait && core_release)
         return 1;
     PyErr_SetString(PyExc_RuntimeError, "shmrdv._fastpath is used through shmrdv, which gives it the core (init)");
     return 0;
@@ -224,20 +226,48 @@ static int known(const struct rdv_msg_info *info, PyObject *descs, PyObject **pa
     return 0;
 }
 
+/* How long a receive in a process of one thread waits with the GIL held
+ * (start_and_view): a round trip's answer comes within it; the core's spin
+ * looks at the machine's load only past it (RDV_SPIN_FREE_NS). */
+#define GIL_HELD_WAIT_NS 4000
+
+/* Whether this interpreter has one thread: then nobody waits for the GIL. */
+static int alone(void) {
+    PyThreadState *me = PyThreadState_Get();
+    return PyInterpreterState_ThreadHead(me->interp) == me && PyThreadState_Next(me) == NULL;
+}
+
 /* The start of a receive (rdv_recv_start, the GIL released while it
- * waits), then, when a message was taken and descs knows it, its view:
- * what recv below returns. */
+ * waits, but for its first GIL_HELD_WAIT_NS in a process of one thread),
+ * then, when a message was taken and descs knows it, its view: what recv
+ * below returns. */
 static PyObject *start_and_view(void *h, const char *key, Py_ssize_t key_len, long long timeout_ns, uint32_t flags,
                                 int writable, void *info_p, void *waiter_p, PyObject *descs) {
     struct rdv_msg_info *info = info_p;
-    /* One call, with the GIL released. A first look with it held saves the
-     * release for a message already queued, but a receive that then waits
-     * pays a second lookup and the empty key's removal and re-creation:
-     * measured, round trips got slower by more than streams gained. */
+    /* With the GIL released: a first look with it held saves the release
+     * for a message already queued, but a receive that then waits pays a
+     * second lookup and the empty key's removal and re-creation (measured,
+     * round trips got slower by more than streams gained). Except in a
+     * process of one thread, where nobody wants the GIL meanwhile (a
+     * thread started meanwhile waits for it GIL_HELD_WAIT_NS at most):
+     * there the receive starts with it held and spins that long, in line,
+     * and only a wait beyond lets it go, so the answer of a round trip,
+     * which comes within it, costs no release and retake of the GIL. */
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = core_recv_start(h, key, (uint32_t)key_len, timeout_ns, flags, waiter_p, info);
-    Py_END_ALLOW_THREADS
+    if (timeout_ns > GIL_HELD_WAIT_NS && alone()) {
+        rc = core_recv_start(h, key, (uint32_t)key_len, GIL_HELD_WAIT_NS, flags, waiter_p, info);
+        if (rc == -ETIMEDOUT) { /* the rest of the slice: in line, or (no record yet) from the start */
+            long long rest = timeout_ns - GIL_HELD_WAIT_NS;
+            Py_BEGIN_ALLOW_THREADS
+            rc = *(uint32_t *)waiter_p ? core_recv_wait(h, waiter_p, rest, flags, NULL, info)
+                                       : core_recv_start(h, key, (uint32_t)key_len, rest, flags, waiter_p, info);
+            Py_END_ALLOW_THREADS
+        }
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        rc = core_recv_start(h, key, (uint32_t)key_len, timeout_ns, flags, waiter_p, info);
+        Py_END_ALLOW_THREADS
+    }
     if (rc != 0)
         return PyLong_FromLong(rc);
     if (PyErr_CheckSignals() < 0)
@@ -1076,30 +1106,32 @@ static PyObject *recv_method(PyObject *module, PyObject *const *args, Py_ssize_t
     return (PyObject *)m;
 }
 
-/* init(send, send_many, recv_start, release_payload): the core's functions, by address. */
+/* init(send, send_many, recv_start, recv_wait, release_payload): the core's functions, by address. */
 static PyObject *init(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    void *s, *m, *r, *p;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "init(send, send_many, recv_start, release_payload)");
+    void *s, *m, *r, *w, *p;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "init(send, send_many, recv_start, recv_wait, release_payload)");
         return NULL;
     }
     if (!as_pointer(args[0], &s) || !as_pointer(args[1], &m) || !as_pointer(args[2], &r) ||
-        !as_pointer(args[3], &p))
+        !as_pointer(args[3], &w) || !as_pointer(args[4], &p))
         return NULL;
-    if (!s || !m || !r || !p) {
-        PyErr_SetString(PyExc_ValueError, "init needs the core's four functions");
+    if (!s || !m || !r || !w || !p) {
+        PyErr_SetString(PyExc_ValueError, "init needs the core's five functions");
         return NULL;
     }
     core_send = s;
     core_send_many = m;
     core_recv_start = r;
+    core_recv_wait = w;
     core_release = p;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
-    {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, "init(send, send_many, recv_start, release_payload)"},
+    {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL,
+     "init(send, send_many, recv_start, recv_wait, release_payload)"},
     {"send_many", (PyCFunction)(void (*)(void))send_many, METH_FASTCALL, "send_many(h, batch, kinds)"},
     {"view", (PyCFunction)(void (*)(void))view, METH_FASTCALL, "view(h, info, dtype, shape, writable)"},
     {"recv", (PyCFunction)(void (*)(void))recv, METH_FASTCALL,

@@ -474,3 +474,89 @@ def test_an_exception_as_recv_goes_on_in_python_leaves_the_line_and_loses_nothin
     rdv.send("k", a)
     assert np.array_equal(rdv.recv("k", timeout=5), a)
     assert rdv.stats().bytes_used == 0
+
+
+# Run in a process of one thread, where recv's hot path waits with the GIL
+# held for its first few microseconds (_fastpath.c, GIL_HELD_WAIT_NS), then
+# lets it go: every promise of recv holds on either side of that point.
+ONE_THREAD_CHILD = r"""
+import os, signal, sys, threading, time
+import numpy as np
+import shmrdv
+
+name = sys.argv[1]
+assert threading.active_count() == 1
+rdv = shmrdv.Rendezvous(name, create=True, size=1 << 20)
+a = np.arange(16, dtype=np.float32)
+rdv.send("k", a); rdv.recv("k")  # the form is known: the receives below start in C
+
+start = time.monotonic()
+try:
+    rdv.recv("k", timeout=0.05)
+    raise AssertionError("no message, and no timeout")
+except shmrdv.RendezvousTimeout:
+    pass
+waited = time.monotonic() - start
+assert 0.05 <= waited < 2, waited
+assert rdv.stats().waiters == 0
+
+peer = os.fork()
+if peer == 0:  # echoes n round trips (answers within microseconds), then sends two late ones
+    code = 1
+    try:
+        with shmrdv.Rendezvous(name, create=False) as mine:
+            for _ in range(2000):
+                mine.send("up", mine.recv("down", timeout=30) + 1)
+            time.sleep(0.02)
+            mine.send("up", a * 3)
+            time.sleep(0.3)
+            mine.send("up", a * 4)
+        code = 0
+    finally:
+        os._exit(code)
+total = 0.0
+for i in range(2000):
+    rdv.send("down", a + i)
+    total += float(rdv.recv("up", timeout=30).sum())
+assert total == sum(float((a + i + 1).sum()) for i in range(2000)), total
+assert np.array_equal(rdv.recv("up", timeout=30), a * 3)  # past the GIL-held wait, within the first slice
+assert np.array_equal(rdv.recv("up", timeout=30), a * 4)  # past the first slice
+assert os.waitpid(peer, 0)[1] == 0
+
+class Interrupted(Exception):
+    pass
+
+def handler(signum, frame):
+    raise Interrupted()
+
+signal.signal(signal.SIGALRM, handler)
+for delay in (0.000002, 0.00005, 0.02):  # within the GIL-held wait, after it, in a later slice
+    try:
+        signal.setitimer(signal.ITIMER_REAL, delay)  # inside: it may go off before recv starts
+        rdv.recv("k", timeout=10)
+        raise AssertionError("the handler did not raise")
+    except Interrupted:
+        pass
+    assert rdv.stats().waiters == 0
+    rdv.send("k", a + delay)
+    assert np.array_equal(rdv.recv("k", timeout=10), a + delay)
+assert rdv.stats().pending_messages == 0
+assert threading.active_count() == 1
+rdv.close()
+print("ok")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_process_of_one_thread_keeps_every_promise_of_recv(rdv_name):
+    """recv in a process of one thread (its wait starts with the GIL held):
+    a timeout waits its whole length, answers that come at once, after a
+    moment and after the first slice are all received, in order and
+    summed right, and a signal handler that raises at any point of the
+    wait leaves the line and loses nothing."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", ONE_THREAD_CHILD, rdv_name], capture_output=True, text=True,
+                         timeout=100)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
