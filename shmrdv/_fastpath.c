@@ -228,13 +228,20 @@ static int known(const struct rdv_msg_info *info, PyObject *descs, PyObject **pa
 
 /* How long a receive in a process of one thread waits with the GIL held
  * (start_and_view): a round trip's answer comes within it; the core's spin
- * looks at the machine's load only past it (RDV_SPIN_FREE_NS). */
+ * looks at the machine's load only past it (RDV_SPIN_FREE_NS), and spins
+ * rather than sleeps through a wait this short (RDV_SLEEP_MIN_NS). */
 #define GIL_HELD_WAIT_NS 4000
 
-/* Whether this interpreter has one thread: then nobody waits for the GIL. */
+/* Receives that waited with the GIL held, and those of them whose message
+ * came within that wait (gil_held_waits()). Guarded by the GIL. */
+static unsigned long long held_waits, held_served;
+
+/* Whether this interpreter has one thread: then nobody waits for the GIL.
+ * A thread that a C library starts meanwhile (PyGILState_Ensure links its
+ * state without the GIL) is missed at worst, and waits GIL_HELD_WAIT_NS. */
 static int alone(void) {
     PyThreadState *me = PyThreadState_Get();
-    return PyInterpreterState_ThreadHead(me->interp) == me && PyThreadState_Next(me) == NULL;
+    return PyInterpreterState_ThreadHead(PyThreadState_GetInterpreter(me)) == me && PyThreadState_Next(me) == NULL;
 }
 
 /* The start of a receive (rdv_recv_start, the GIL released while it
@@ -255,8 +262,19 @@ static PyObject *start_and_view(void *h, const char *key, Py_ssize_t key_len, lo
      * which comes within it, costs no release and retake of the GIL. */
     int rc;
     if (timeout_ns > GIL_HELD_WAIT_NS && alone()) {
+        held_waits++;
         rc = core_recv_start(h, key, (uint32_t)key_len, GIL_HELD_WAIT_NS, flags, waiter_p, info);
-        if (rc == -ETIMEDOUT) { /* the rest of the slice: in line, or (no record yet) from the start */
+        if (rc == 0)
+            held_served++;
+        if (rc == -ETIMEDOUT) {
+            /* A signal that came meanwhile is handled now, not at the end of
+             * the slice; the caller leaves the line if its handler raises. */
+            if (PyErr_CheckSignals() < 0)
+                return NULL;
+            /* The rest of the slice: in line, or (no record yet) from the
+             * start. A first wait that yielded to a sender on our CPU may
+             * have lasted longer than GIL_HELD_WAIT_NS (up to one of that
+             * sender's time slices): the slice grows by as much. */
             long long rest = timeout_ns - GIL_HELD_WAIT_NS;
             Py_BEGIN_ALLOW_THREADS
             rc = *(uint32_t *)waiter_p ? core_recv_wait(h, waiter_p, rest, flags, NULL, info)
@@ -1106,6 +1124,14 @@ static PyObject *recv_method(PyObject *module, PyObject *const *args, Py_ssize_t
     return (PyObject *)m;
 }
 
+/* gil_held_waits(): (receives that waited with the GIL held, those whose
+ * message came within that wait), since the module was loaded. */
+static PyObject *gil_held_waits(PyObject *module, PyObject *unused) {
+    (void)module;
+    (void)unused;
+    return Py_BuildValue("(KK)", held_waits, held_served);
+}
+
 /* init(send, send_many, recv_start, recv_wait, release_payload): the core's functions, by address. */
 static PyObject *init(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -1137,6 +1163,8 @@ static PyMethodDef methods[] = {
     {"recv", (PyCFunction)(void (*)(void))recv, METH_FASTCALL,
      "recv(h, key, timeout_ns, flags, writable, info, waiter, descs)"},
     {"keep_scratch", (PyCFunction)keep_scratch, METH_O, "keep_scratch(scratch): this thread's, in its state dict"},
+    {"gil_held_waits", (PyCFunction)gil_held_waits, METH_NOARGS,
+     "gil_held_waits(): (receives that waited with the GIL held, those served within that wait)"},
     {"scratch", (PyCFunction)scratch, METH_NOARGS, "scratch(): this thread's scratch, or None if it has none yet"},
     {"views", (PyCFunction)(void (*)(void))views, METH_FASTCALL, "views(h, infos, n, writable, descs, made)"},
     {"send_method", (PyCFunction)(void (*)(void))send_method, METH_FASTCALL,

@@ -483,6 +483,7 @@ ONE_THREAD_CHILD = r"""
 import os, signal, sys, threading, time
 import numpy as np
 import shmrdv
+from shmrdv import _fastpath
 
 name = sys.argv[1]
 assert threading.active_count() == 1
@@ -514,11 +515,14 @@ if peer == 0:  # echoes n round trips (answers within microseconds), then sends 
         code = 0
     finally:
         os._exit(code)
+waits, served = _fastpath.gil_held_waits()
 total = 0.0
 for i in range(2000):
     rdv.send("down", a + i)
     total += float(rdv.recv("up", timeout=30).sum())
 assert total == sum(float((a + i + 1).sum()) for i in range(2000)), total
+now_waits, now_served = _fastpath.gil_held_waits()
+assert now_waits - waits == 2000 and now_served > served, (waits, served, now_waits, now_served)
 assert np.array_equal(rdv.recv("up", timeout=30), a * 3)  # past the GIL-held wait, within the first slice
 assert np.array_equal(rdv.recv("up", timeout=30), a * 4)  # past the first slice
 assert os.waitpid(peer, 0)[1] == 0
@@ -542,6 +546,20 @@ for delay in (0.000002, 0.00005, 0.02):  # within the GIL-held wait, after it, i
     assert np.array_equal(rdv.recv("k", timeout=10), a + delay)
 assert rdv.stats().pending_messages == 0
 assert threading.active_count() == 1
+
+# With a second thread the GIL is let go at once, as before.
+stop = threading.Event()
+other = threading.Thread(target=stop.wait)
+other.start()
+waits = _fastpath.gil_held_waits()[0]
+try:
+    rdv.recv("k", timeout=0.01)
+    raise AssertionError("no message, and no timeout")
+except shmrdv.RendezvousTimeout:
+    pass
+assert _fastpath.gil_held_waits()[0] == waits
+stop.set()
+other.join()
 rdv.close()
 print("ok")
 """
@@ -550,10 +568,11 @@ print("ok")
 @pytest.mark.timeout(120)
 def test_a_process_of_one_thread_keeps_every_promise_of_recv(rdv_name):
     """recv in a process of one thread (its wait starts with the GIL held):
-    a timeout waits its whole length, answers that come at once, after a
-    moment and after the first slice are all received, in order and
-    summed right, and a signal handler that raises at any point of the
-    wait leaves the line and loses nothing."""
+    the held wait is taken, and serves answers that come at once; a
+    timeout waits its whole length; answers after a moment and after the
+    first slice are received, in order and summed right; a signal handler
+    that raises at any point of the wait leaves the line and loses
+    nothing; with a second thread the GIL is let go at once."""
     import subprocess
     import sys
 
