@@ -23,15 +23,16 @@
  * its spin spins on to the deadline instead: a 4 us wait lasts 4 us. */
 #define RDV_SLEEP_MIN_NS 50000
 
+/* Whether a deadline of timeout_ns needs no clock: forever, or passed at
+ * once (a zero timeout: at_ns 0 says so, for a reading plus a positive
+ * timeout is never 0). */
 static int reads_no_clock(int64_t timeout_ns) {
-    return timeout_ns <= 0 || timeout_ns >= RDV_FOREVER_NS; /* forever, or passed at once */
+    return timeout_ns <= 0 || timeout_ns >= RDV_FOREVER_NS;
 }
 
 void rdv_deadline_init_at(struct rdv_deadline *d, int64_t timeout_ns, int64_t now_ns) {
     d->forever = timeout_ns < 0 || timeout_ns >= RDV_FOREVER_NS;
-    /* A zero timeout has passed at once: at_ns 0 says so with no clock call
-     * (a reading plus a positive timeout is never 0). */
-    d->at_ns = d->forever || timeout_ns == 0 ? 0 : now_ns + timeout_ns;
+    d->at_ns = reads_no_clock(timeout_ns) ? 0 : now_ns + timeout_ns;
 }
 
 void rdv_deadline_init(struct rdv_deadline *d, int64_t timeout_ns) {
