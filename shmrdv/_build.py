@@ -21,7 +21,7 @@ ffibuilder.set_source(
     "#include <stdint.h>\n#include \"shmrdv.h\"\n",
     sources=sorted(os.path.relpath(p, _ROOT) for p in _CSRC.glob("*.c")),
     include_dirs=[os.path.relpath(_CSRC, _ROOT)],
-    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SANITIZE],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden", *SANITIZE],
     extra_link_args=SANITIZE,
 )
 
