@@ -104,8 +104,8 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
     m->sender_cpu = rdv_cpu();
     memcpy(m->dtype, dtype, dtype_len);
     int64_t *dims = (int64_t *)(block + sizeof *m);
-    memcpy(dims, shape, 8ull * ndim);
-    memcpy(dims + ndim, strides, 8ull * ndim);
+    rdv_copy_words(dims, shape, ndim);
+    rdv_copy_words(dims + ndim, strides, ndim);
     memcpy(dims + 2 * ndim, key, key_len);
     memcpy(block + meta - 8, pos, 8);
     *payload = block + meta;

@@ -167,7 +167,7 @@ static int describe(rdv_t *h, const struct rdv_msg *m, uint64_t len, struct rdv_
     out->dtype_len = dlen;
     memset(out->dtype, 0, sizeof out->dtype);
     memcpy(out->dtype, m->dtype, dlen);
-    memcpy(out->dims, dims, 16ull * ndim);
+    rdv_copy_words(out->dims, dims, 2 * ndim);
     rdv_wait_note_sender(h, m->sender_cpu);
     return 0;
 }
