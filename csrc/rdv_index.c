@@ -39,22 +39,47 @@ static inline uint64_t mix64(uint64_t x) {
     return x;
 }
 
-static uint64_t hash_bytes(uint64_t seed, const char *p, uint32_t len) {
-    uint64_t acc = mix64(seed ^ ((uint64_t)len * 0x9e3779b97f4a7c15ULL));
-    uint32_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        acc = mix64(acc ^ w) * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL;
+/* The n < 8 bytes at p, little-endian, zero-extended: what a memcpy into
+ * a zeroed word gives, without one (its call, and the store forwarding
+ * that fails when a word is read back from byte stores, cost more than
+ * the rest of a short key's hash). Overlapping loads OR in equal bytes. */
+static inline uint64_t tail_word(const char *p, uint32_t n) {
+    if (n >= 4) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4);
+        memcpy(&hi, p + n - 4, 4);
+        return lo | (uint64_t)hi << (8 * (n - 4));
     }
-    uint64_t tail = 0;
-    memcpy(&tail, p + i, len - i);
-    return mix64(acc ^ tail ^ ((uint64_t)(len - i) << 56));
+    if (n >= 2) {
+        uint16_t lo, hi;
+        memcpy(&lo, p, 2);
+        memcpy(&hi, p + n - 2, 2);
+        return lo | (uint64_t)hi << (8 * (n - 2));
+    }
+    return n ? (uint8_t)p[0] : 0;
+}
+
+static uint64_t hash_start(uint64_t seed, uint32_t len) {
+    return mix64(seed ^ ((uint64_t)len * 0x9e3779b97f4a7c15ULL));
+}
+
+static uint64_t hash_word(uint64_t acc, uint64_t w) {
+    return mix64(acc ^ w) * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL;
 }
 
 void rdv_hash_key(const rdv_t *h, const char *key, uint32_t len, uint64_t *h1, uint64_t *h2) {
-    *h1 = hash_bytes(h->khdr->hash_seed[0], key, len);
-    *h2 = hash_bytes(h->khdr->hash_seed[1], key, len);
+    /* Both hashes in one pass: their chains of multiplies overlap. */
+    uint64_t a1 = hash_start(h->khdr->hash_seed[0], len), a2 = hash_start(h->khdr->hash_seed[1], len);
+    uint32_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w;
+        memcpy(&w, key + i, 8);
+        a1 = hash_word(a1, w);
+        a2 = hash_word(a2, w);
+    }
+    uint64_t last = tail_word(key + i, len - i) ^ ((uint64_t)(len - i) << 56);
+    *h1 = mix64(a1 ^ last);
+    *h2 = mix64(a2 ^ last);
 }
 
 /* ---- lookups ---------------------------------------------------------------*/
