@@ -28,9 +28,10 @@ def test_arena_unit(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_index_unit(tmp_path):
-    """Insert, find, delete, tombstones, a full index, concurrent inserts, dead lock holders."""
+    """The key hash as defined, insert, find, delete, tombstones, a full index, concurrent
+    inserts, dead lock holders."""
     run = _build_and_run(tmp_path, "unit_index", "rdv_index.c", timeout=60)
-    for part in ("basic: ok", "tombstones: ok", "full: 64 slots, ok", "dead holder: ok", "all passed"):
+    for part in ("hash: ok", "basic: ok", "tombstones: ok", "full: 64 slots, ok", "dead holder: ok", "all passed"):
         assert f"unit_index: {part}" in run.stdout, run.stdout
 
 

@@ -4,6 +4,8 @@
  * -fsanitize=address,undefined by tests/test_c_units.py. The segment lives
  * on a memfd; liveness is faked through the handle's rdv_ops.
  *
+ *   the key hash as the segment format defines it (a reference written
+ *   plainly here: the hash is in every slot, so it may never change),
  *   insert / find / delete, tombstones reused, keys that share a home slot,
  *   max_keys live keys and a full index (-ENOSPC, nothing left locked),
  *   concurrent inserts of the same keys, and of more keys than max_keys
@@ -191,6 +193,57 @@ static int same_home_keys(rdv_t *h, char (*out)[32], int want, uint64_t *home) {
             memcpy(out[n++], k, sizeof k);
     }
     return n;
+}
+
+/* ---- the key hash --------------------------------------------------------- */
+
+static uint64_t ref_mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+/* The hash as the segment format defines it: the key's 8-byte words in
+ * turn, then its last len % 8 bytes zero-extended, with their count. */
+static uint64_t ref_hash(uint64_t seed, const char *p, uint32_t len) {
+    uint64_t acc = ref_mix64(seed ^ ((uint64_t)len * 0x9e3779b97f4a7c15ULL));
+    uint32_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        acc = ref_mix64(acc ^ w) * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL;
+    }
+    uint64_t tail = 0;
+    memcpy(&tail, p + i, len - i);
+    return ref_mix64(acc ^ tail ^ ((uint64_t)(len - i) << 56));
+}
+
+/* Every key length, random bytes and seeds: rdv_hash_key as defined. The
+ * key sits at the end of a buffer, so a load past it would be caught. */
+static void test_hash(rdv_t *h) {
+    uint64_t saved[2] = {h->khdr->hash_seed[0], h->khdr->hash_seed[1]};
+    unsigned seed = 12345;
+    for (uint32_t len = 1; len <= RDV_KEY_MAX; len++) {
+        for (int round = 0; round < 8; round++) {
+            char *key = malloc(len);
+            CHECK(key != NULL, "malloc");
+            for (uint32_t j = 0; j < len; j++)
+                key[j] = (char)rand_r(&seed);
+            for (int s = 0; s < 2; s++)
+                h->khdr->hash_seed[s] = (uint64_t)rand_r(&seed) << 33 ^ (uint64_t)rand_r(&seed) << 11 ^ (uint64_t)rand_r(&seed);
+            uint64_t h1, h2;
+            rdv_hash_key(h, key, len, &h1, &h2);
+            CHECK(h1 == ref_hash(h->khdr->hash_seed[0], key, len) && h2 == ref_hash(h->khdr->hash_seed[1], key, len),
+                  "the hash of a %u-byte key differs from its definition", len);
+            free(key);
+        }
+    }
+    h->khdr->hash_seed[0] = saved[0];
+    h->khdr->hash_seed[1] = saved[1];
+    printf("unit_index: hash: ok\n");
 }
 
 static void test_basic(rdv_t *h) {
@@ -623,6 +676,7 @@ int main(void) {
     int fd;
     rdv_t *h = make_segment(32, &fd); /* 64 slots */
     CHECK(h->slot_mask == 63, "64 slots expected, got %llu", (unsigned long long)h->slot_mask + 1);
+    test_hash(h);
     test_basic(h);
     test_tombstones(h);
     test_max_keys(h);
