@@ -120,6 +120,21 @@ class Endpoint:
             self.send_one(message)
             del message
 
+    def round_trips(self, payload: np.ndarray, first: int, count: int) -> List[int]:
+        """Nanoseconds of each of `count` round trips of `payload`, stamped with
+        its number from `first`, each echo checked (``Peer.round_trips``)."""
+        send, receive, clock, nbytes = self.send_one, self.receive_one, time.perf_counter_ns, self.nbytes
+        times = []
+        for number in range(first, first + count):
+            stamp(payload, number)
+            start = clock()
+            send(payload)
+            echo = receive()
+            times.append(clock() - start)
+            check(echo, number, nbytes)
+            del echo
+        return times
+
     def close(self) -> None:
         pass
 
@@ -322,6 +337,30 @@ class ShmrdvEndpoint(Endpoint):
 
     def receive_one(self, keep: bool = False) -> np.ndarray:
         return self.rdv.recv(self.inbox, timeout=MESSAGE_TIMEOUT_S)
+
+    # echo and round_trips as Endpoint's, with rdv.send and rdv.recv called
+    # in the loop as a program would, and as the Open MPI peer's loop calls
+    # comm.Send and comm.Recv: through send_one and receive_one, the round
+    # trip would also time two Python calls on each side that MPI's does not.
+
+    def echo(self, count: int) -> None:
+        send, recv, inbox, outbox, timeout = self.rdv.send, self.rdv.recv, self.inbox, self.outbox, MESSAGE_TIMEOUT_S
+        for _ in range(count):
+            send(outbox, recv(inbox, timeout=timeout), timeout=timeout)
+
+    def round_trips(self, payload: np.ndarray, first: int, count: int) -> List[int]:
+        send, recv, inbox, outbox, timeout = self.rdv.send, self.rdv.recv, self.inbox, self.outbox, MESSAGE_TIMEOUT_S
+        clock, nbytes = time.perf_counter_ns, self.nbytes
+        times = []
+        for number in range(first, first + count):
+            stamp(payload, number)
+            start = clock()
+            send(outbox, payload, timeout=timeout)
+            echo = recv(inbox, timeout=timeout)
+            times.append(clock() - start)
+            check(echo, number, nbytes)
+            del echo
+        return times
 
     def _drop(self) -> None:
         if self.rdv is None:
@@ -624,17 +663,8 @@ class Peer:
     def round_trips(self, count: int) -> List[float]:
         """Seconds of each of `count` round trips of a message of the current size, verified."""
         payload = np.zeros(self.nbytes // 4, dtype=DATA_DTYPE)
-        times = []
         self.start_echo(count)
-        send, receive, clock = self.endpoint.send_one, self.endpoint.receive_one, time.perf_counter_ns
-        for number in range(self._next_number, self._next_number + count):
-            stamp(payload, number)
-            start = clock()
-            send(payload)
-            echo = receive()
-            times.append(clock() - start)
-            check(echo, number, self.nbytes)
-            del echo
+        times = self.endpoint.round_trips(payload, self._next_number, count)
         self._next_number += count
         return [t / 1e9 for t in times]
 
