@@ -27,8 +27,8 @@ static inline const char *rdv_msg_key(const struct rdv_msg *m) {
 }
 /* Copy n 8-byte words of a descriptor (its dims, its strides). A loop, not
  * memcpy: gcc, knowing n is small, makes that memcpy a rep movsq, whose
- * start-up costs more than the few words a descriptor has (measured: a
- * fifth of a 64 B send's own work). */
+ * start-up costs more than the few words a descriptor has (measured: two
+ * thirds of do_send_begin's time, about 20 ns of a 64 B send). */
 static inline void rdv_copy_words(int64_t *dst, const int64_t *src, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
         dst[i] = src[i];
