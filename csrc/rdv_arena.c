@@ -211,15 +211,36 @@ static uint32_t find(rdv_t *h, uint32_t need) {
 
 /* ---- the steps -------------------------------------------------------------*/
 
-/* Cut a block of need granules from the front of the free block at g (len
- * granules, taken off its list), naming us its holder. */
-/* A new position for the block at granule g: the next allocation number.
- * relaxed: the number only needs to be unique (carve's increment is under
- * the lock, take_kept's is not, so both are atomic) */
-static uint64_t fresh_pos(rdv_t *h, uint32_t g) {
-    return rdv_pos_make(rdv_fetch_add(&h->khdr->arena.alloc_seq, 1, __ATOMIC_RELAXED) & SEQ_MASK, g);
+/* The next allocation number of our batch, a new batch first when it is
+ * used up. Numbers are unique over the segment's life (batches are) and
+ * grow along each handle's allocations; across handles they follow the
+ * order batches were taken in, not the allocations'. A batch a thread
+ * takes while another of ours refills first goes unused, as does the rest
+ * of ours when we detach or die. */
+static uint64_t next_seq(rdv_t *h) {
+    const uint64_t used_mask = (1ULL << RDV_SEQ_USED_BITS) - 1;
+    for (;;) {
+        /* relaxed, and the CASs: process-local; each number is taken by one CAS */
+        uint64_t w = READ_ONCE(h->seq_word);
+        if (w && (w & used_mask) < RDV_SEQ_BATCH) {
+            if (rdv_cas(&h->seq_word, &w, w + 1, __ATOMIC_RELAXED))
+                return ((w >> RDV_SEQ_USED_BITS) - 1) * RDV_SEQ_BATCH + (w & used_mask);
+            continue;
+        }
+        /* relaxed: a batch only needs to be unique */
+        uint64_t batch = rdv_fetch_add(&h->khdr->arena.alloc_seq, 1, __ATOMIC_RELAXED);
+        if (rdv_cas(&h->seq_word, &w, (batch + 1) << RDV_SEQ_USED_BITS | 1, __ATOMIC_RELAXED))
+            return batch * RDV_SEQ_BATCH;
+    }
 }
 
+/* A new position for the block at granule g: the next allocation number. */
+static uint64_t fresh_pos(rdv_t *h, uint32_t g) {
+    return rdv_pos_make(next_seq(h) & SEQ_MASK, g);
+}
+
+/* Cut a block of need granules from the front of the free block at g (len
+ * granules, taken off its list), naming us its holder. */
 static uint64_t carve(rdv_t *h, uint32_t g, uint32_t len, uint32_t need) {
     struct rdv_arena_ctl *ka = &h->khdr->arena;
     uint32_t rest = len - need;

@@ -74,6 +74,10 @@ struct rdv {
      * our bit of arena.space_wanting, the last clears it */
     pthread_mutex_t want_lock;
     uint32_t want_count;
+    /* The batch of allocation numbers we hand out (rdv_arena.c): (batch +
+     * 1) << RDV_SEQ_USED_BITS | numbers used of it; 0 before the first.
+     * Process-local, shared by our threads through compare-and-swap. */
+    uint64_t seq_word;
 };
 
 #endif

@@ -9,10 +9,11 @@
  * lock, acting as it) gives them back one key at a time; for the key of the
  * first leased view an arena walk finds:
  *   1. chain every leased view of that key through their next links, in
- *      the order they were allocated (a block position carries its
- *      allocation's number). The forwarder took them in queue order, so
- *      this is their queue order whenever their allocation order was (one
- *      producer per key, say). One walk of the arena per key: recovery is
+ *      the order of their allocation numbers (a block position carries
+ *      its number; a handle's numbers grow along its allocations). The
+ *      forwarder took them in queue order, so this is their queue order
+ *      whenever their numbers' order was (one producer per key, say). One
+ *      walk of the arena per key: recovery is
  *      rare, and a forwarder reads few keys (the bridge, one);
  *   2. find the key's slot, or create it again (its queue may have emptied
  *      and the slot been deleted since), and hold its lock as the dead;
@@ -63,10 +64,11 @@ static const char *leased_key(rdv_t *h, struct rdv_msg *m, uint32_t who, uint32_
     return rdv_msg_key(m);
 }
 
-/* How long ago the block at pos was allocated, in allocations. */
+/* How long ago the block at pos was numbered, in allocation numbers. */
 static uint64_t age(rdv_t *h, uint64_t pos) {
-    /* relaxed: a counter that only grows; a stale value shifts every age alike */
-    uint64_t now = READ_ONCE(h->khdr->arena.alloc_seq);
+    /* relaxed: a counter that only grows; a stale value shifts every age
+     * alike. Past every number handed out: the end of the last batch. */
+    uint64_t now = READ_ONCE(h->khdr->arena.alloc_seq) * RDV_SEQ_BATCH;
     return (now - rdv_pos_seq(pos)) & ((1ULL << (64 - RDV_GRANULE_BITS)) - 1);
 }
 

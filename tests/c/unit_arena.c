@@ -23,13 +23,17 @@
  *      killed before each of its stores; (c) children looping alloc/free
  *      on a handle of their own, SIGKILLed at random moments, 200 times;
  *   4. rdv_block_at / rdv_queued_msg / rdv_arena_free reject freed blocks
- *      and positions of later blocks at the same granule.
+ *      and positions of later blocks at the same granule;
+ *   5. allocation numbers, taken in batches by each handle: unique across
+ *      two handles and four threads, growing along each handle's
+ *      allocations, below the end of the last batch.
  *
  * Deterministic for a seed (UNIT_SEED in the environment, nonzero), but for
  * the moments of the kills in 3(c). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -130,6 +134,7 @@ static void drop_segment(rdv_t *h, int fd) {
 static void reset_arena(rdv_t *h) {
     memset(h->kside, 0, (size_t)h->granules * 4);
     memset(&h->khdr->arena, 0, sizeof h->khdr->arena);
+    h->seq_word = 0; /* its batch of allocation numbers came from the old counter */
     rdv_arena_init(h);
 }
 
@@ -822,6 +827,9 @@ static void crash_windows(rdv_t *h, const struct state *st, struct step step, co
     phase = what;
     uint8_t *snap = malloc(h->map_len);
     memcpy(snap, h->base, h->map_len);
+    /* our batch of allocation numbers is part of the state each run starts
+     * from (the parent's own allocations between runs use it up) */
+    uint64_t seq_snap = h->seq_word;
     struct walk before, after;
     walk_chain(h, &before);
     /* the reference run: the whole step */
@@ -842,6 +850,7 @@ static void crash_windows(rdv_t *h, const struct state *st, struct step step, co
             ours[n_ours++] = st->b[i];
     for (long k = 0; k < n; k++) {
         memcpy(h->base, snap, h->map_len);
+        h->seq_word = seq_snap;
         r = wait_child(fork_step(h, &step, k));
         CHECK(r == -SIGKILL, "the child meant to die before store %ld of %ld ended with %d", k, n, r);
         windows_run++;
@@ -909,6 +918,7 @@ static void crash_windows(rdv_t *h, const struct state *st, struct step step, co
         settle(h, ours, n_ours + (rc == 0));
     }
     memcpy(h->base, snap, h->map_len);
+    h->seq_word = seq_snap;
     free(snap);
     walk_free(&before);
     walk_free(&after);
@@ -1306,6 +1316,108 @@ static void test_positions(void) {
     drop_segment(h, fd);
 }
 
+/* ---- 5. allocation numbers --------------------------------------------------
+ * Handles take them from the segment in batches of RDV_SEQ_BATCH: unique
+ * across handles and threads, growing along each handle's allocations,
+ * all below the end of the last batch taken (what lease recovery's ages
+ * count back from), one segment counter step per batch. */
+
+static rdv_t *second_handle(int memfd) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", memfd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    CHECK(fd >= 0, "open %s: %s", path, strerror(errno));
+    rdv_t *h;
+    int rc = rdv_segment_attach(fd, &h);
+    CHECK(rc == 0, "rdv_segment_attach: %d", rc);
+    rc = rdv_segment_lock_fd(h, fd);
+    CHECK(rc == 0, "rdv_segment_lock_fd: %d", rc);
+    close(fd);
+    rc = rdv_live_claim(h);
+    CHECK(rc == 0, "rdv_live_claim: %d", rc);
+    h->ops = fake_ops;
+    return h;
+}
+
+#define NUM_THREADS 4
+#define NUM_PER_THREAD 3000
+#define NUM_ALL (2 * 700 + NUM_THREADS * NUM_PER_THREAD)
+
+static uint64_t seen[NUM_ALL];
+static uint32_t n_seen;
+
+static void note_seq(rdv_t *h, uint64_t pos, uint64_t *last) {
+    uint64_t seq = rdv_pos_seq(pos);
+    CHECK(*last == UINT64_MAX || seq > *last, "a handle's numbers do not grow: %llu after %llu",
+          (unsigned long long)seq, (unsigned long long)*last);
+    CHECK(seq < READ_ONCE(h->khdr->arena.alloc_seq) * RDV_SEQ_BATCH, "number %llu past the last batch's end",
+          (unsigned long long)seq);
+    *last = seq;
+    seen[__atomic_fetch_add(&n_seen, 1, __ATOMIC_RELAXED)] = seq;
+}
+
+struct num_thread {
+    rdv_t *h;
+    pthread_t t;
+};
+
+static void *number_loop(void *arg) {
+    struct num_thread *nt = arg;
+    uint64_t last = UINT64_MAX;
+    for (int i = 0; i < NUM_PER_THREAD; i++) {
+        uint64_t pos;
+        CHECK(rdv_arena_alloc(nt->h, 200, &pos) == 0, "thread alloc");
+        note_seq(nt->h, pos, &last);
+        CHECK(rdv_arena_free(nt->h, pos) == 0, "thread free");
+    }
+    return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void test_numbers(void) {
+    phase = "numbers";
+    int fd;
+    rdv_t *a = make_segment(1 << 20, &fd), *b = second_handle(fd);
+    n_seen = 0;
+    uint64_t last_a = UINT64_MAX, last_b = UINT64_MAX, pos;
+    /* two handles alternating, each past two batch ends */
+    for (int i = 0; i < 700; i++) {
+        CHECK(rdv_arena_alloc(a, 100, &pos) == 0, "alloc a");
+        note_seq(a, pos, &last_a);
+        CHECK(rdv_arena_free(a, pos) == 0, "free a");
+        CHECK(rdv_arena_alloc(b, 100, &pos) == 0, "alloc b");
+        note_seq(b, pos, &last_b);
+        CHECK(rdv_arena_free(b, pos) == 0, "free b");
+    }
+    CHECK(a->khdr->arena.alloc_seq == 6, "1,400 allocations in two handles took %llu batches, not 6",
+          (unsigned long long)a->khdr->arena.alloc_seq);
+    /* threads sharing a handle */
+    struct num_thread nt[NUM_THREADS];
+    for (int i = 0; i < NUM_THREADS; i++) {
+        nt[i].h = b;
+        CHECK(pthread_create(&nt[i].t, NULL, number_loop, &nt[i]) == 0, "pthread_create");
+    }
+    for (int i = 0; i < NUM_THREADS; i++)
+        pthread_join(nt[i].t, NULL);
+    CHECK(n_seen == NUM_ALL, "numbers noted: %u", n_seen);
+    qsort(seen, n_seen, sizeof seen[0], cmp_u64);
+    for (uint32_t i = 1; i < n_seen; i++)
+        CHECK(seen[i] != seen[i - 1], "number %llu handed out twice", (unsigned long long)seen[i]);
+    /* a batch spans RDV_SEQ_BATCH numbers; wasted ones only when threads race a refill */
+    uint64_t batches = b->khdr->arena.alloc_seq;
+    CHECK(batches * RDV_SEQ_BATCH >= n_seen && batches <= 6 + NUM_ALL / RDV_SEQ_BATCH + 2 * NUM_THREADS + 1,
+          "%u numbers took %llu batches", n_seen, (unsigned long long)batches);
+    check_empty(a);
+    rdv_live_release(b);
+    rdv_segment_discard(b);
+    printf("unit_arena: numbers: %u unique in %llu batches, ok\n", n_seen, (unsigned long long)batches);
+    drop_segment(a, fd);
+}
+
 int main(void) {
     const char *s = getenv("UNIT_SEED");
     if (s)
@@ -1314,6 +1426,7 @@ int main(void) {
     printf("unit_arena: seed 0x%llx\n", (unsigned long long)seed0);
     int64_t t0 = rdv_now_ns();
     test_positions();
+    test_numbers();
     test_random();
     test_order();
     printf("unit_arena: %.1f s so far\n", (double)(rdv_now_ns() - t0) / 1e9);
