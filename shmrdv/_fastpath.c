@@ -363,14 +363,41 @@ static long long first_slice(PyObject *timeout) {
     return ns < FIRST_SLICE_NS ? ns : FIRST_SLICE_NS;
 }
 
+/* The key looked up last in a keys dict and what that gave (all held, so
+ * that no other object can come to have their addresses): a loop that
+ * sends (or receives) under one key object then skips the lookup. A key
+ * str always has the same bytes, so this stays right while keys is
+ * cleared; another keys dict starts afresh. One for sends and one for
+ * receives, which alternate in a round trip. Guarded by the GIL. */
+struct key_memo {
+    PyObject *keys, *key, *kb;
+};
+static struct key_memo send_key_memo, recv_key_memo;
+
 /* The bytes keys (str -> key bytes, the Python layer's cache) holds for
  * key: *kb borrowed, or NULL if it holds none. -1 with an exception. */
-static int cached_key(PyObject *keys, PyObject *key, PyObject **kb) {
+static int cached_key(struct key_memo *memo, PyObject *keys, PyObject *key, PyObject **kb) {
+    if (memo->key == key && memo->keys == keys) {
+        *kb = memo->kb;
+        return 0;
+    }
     *kb = PyDict_GetItemWithError(keys, key);
     if (!*kb)
         return PyErr_Occurred() ? -1 : 0;
-    if (!PyBytes_CheckExact(*kb))
+    if (!PyBytes_CheckExact(*kb)) {
         *kb = NULL;
+        return 0;
+    }
+    /* all three replaced before the old ones are let go: whatever their
+     * release runs finds the memo whole */
+    struct key_memo old = *memo;
+    Py_INCREF(keys);
+    Py_INCREF(key);
+    Py_INCREF(*kb);
+    *memo = (struct key_memo){keys, key, *kb};
+    Py_XDECREF(old.keys);
+    Py_XDECREF(old.key);
+    Py_XDECREF(old.kb);
     return 0;
 }
 
@@ -381,10 +408,26 @@ static int cached_key(PyObject *keys, PyObject *key, PyObject **kb) {
  * thread has none yet. */
 static PyObject *scratch_key; /* "shmrdv._fastpath.scratch", interned once */
 
+/* The thread dict whose scratch thread_scratch found last, and that
+ * scratch (both held: no other thread's dict can come to have its
+ * address). keep_scratch forgets them. Guarded by the GIL. */
+static PyObject *memo_dict, *memo_scratch;
+
 static PyObject *thread_scratch(void) {
     PyObject *d = PyThreadState_GetDict();
+    if (d && d == memo_dict)
+        return memo_scratch;
     PyObject *scratch = d ? PyDict_GetItemWithError(d, scratch_key) : NULL;
-    return scratch && PyTuple_CheckExact(scratch) && PyTuple_GET_SIZE(scratch) == 5 ? scratch : NULL;
+    if (!(scratch && PyTuple_CheckExact(scratch) && PyTuple_GET_SIZE(scratch) == 5))
+        return NULL;
+    PyObject *old_dict = memo_dict, *old_scratch = memo_scratch;
+    Py_INCREF(d);
+    Py_INCREF(scratch);
+    memo_dict = d;
+    memo_scratch = scratch;
+    Py_XDECREF(old_dict);
+    Py_XDECREF(old_scratch);
+    return scratch;
 }
 
 /* The addresses of the info and the waiter word a scratch holds: 0 with
@@ -417,6 +460,8 @@ static PyObject *keep_scratch(PyObject *module, PyObject *scratch) {
     }
     if (PyDict_SetItem(d, scratch_key, scratch) < 0)
         return NULL;
+    Py_CLEAR(memo_dict);
+    Py_CLEAR(memo_scratch);
     Py_RETURN_NONE;
 }
 
@@ -436,7 +481,7 @@ static PyObject *recv_key_of(PyObject *h_addr, PyObject *key, PyObject *timeout,
     if (step == -2)
         Py_RETURN_NONE;
     PyObject *kb;
-    if (cached_key(keys, key, &kb) < 0)
+    if (cached_key(&recv_key_memo, keys, key, &kb) < 0)
         return NULL;
     if (!kb)
         Py_RETURN_NONE;
@@ -594,7 +639,7 @@ static PyObject *send_key_of(PyObject *h_addr, PyObject *key, PyObject *array, P
     if (!as_pointer(h_addr, &h))
         return NULL;
     PyObject *kb;
-    if (cached_key(keys, key, &kb) < 0)
+    if (cached_key(&send_key_memo, keys, key, &kb) < 0)
         return NULL;
     if (!kb)
         Py_RETURN_NONE;

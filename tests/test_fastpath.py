@@ -239,6 +239,46 @@ def test_recv_key_leaves_every_other_timeout_and_key_to_python(rdv):
     assert stats.pending_messages == 0 and stats.waiters == 0
 
 
+@pytest.mark.timeout(120)
+def test_threads_that_wait_at_once_or_come_and_go_each_receive_into_their_own_scratch(rdv):
+    """recv's hot path remembers the last thread's scratch and the last
+    key's bytes: threads waiting at the same time, and threads that end and
+    are replaced (a new one may get the old one's thread state), each
+    receive exactly their own key's messages, in order."""
+    per = 300
+
+    def receive(key, out):
+        for _ in range(per):
+            out.append(int(rdv.recv(key, timeout=30)[0]))
+
+    def sends(keys):
+        for i in range(per):
+            for key in keys:
+                rdv.send(key, np.array([i], np.int64))
+
+    keys = [f"thread-{t}" for t in range(4)]
+    got = {key: [] for key in keys}
+    waiting = [threading.Thread(target=receive, args=(key, got[key])) for key in keys]
+    for thread in waiting:
+        thread.start()
+    sends(keys)
+    for thread in waiting:
+        thread.join(60)
+    assert all(got[key] == list(range(per)) for key in keys)
+    for round_ in range(20):  # short-lived threads, one after another, the main thread between them
+        key = f"gone-{round_ % 2}"
+        out = []
+        thread = threading.Thread(target=receive, args=(key, out))
+        thread.start()
+        sends([key])
+        thread.join(60)
+        assert out == list(range(per)), round_
+        rdv.send("main", np.array([round_], np.int64))
+        assert int(rdv.recv("main", timeout=5)[0]) == round_
+    stats = rdv.stats()
+    assert stats.pending_messages == 0 and stats.waiters == 0
+
+
 def test_send_key_leaves_every_other_timeout_to_python(rdv):
     """A send the C path could make (key and form sent before) with a
     timeout it does not take goes the Python way: sent, or refused with the
