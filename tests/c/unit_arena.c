@@ -124,6 +124,25 @@ static rdv_t *make_segment(uint64_t arena_bytes, int *fdp) {
     return h;
 }
 
+/* Another handle on the segment in memfd, on an open file description of
+ * its own (its byte lock is its own), with the fake liveness. */
+static rdv_t *attach_handle(int memfd) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", memfd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    CHECK(fd >= 0, "open %s: %s", path, strerror(errno));
+    rdv_t *h;
+    int rc = rdv_segment_attach(fd, &h);
+    CHECK(rc == 0, "rdv_segment_attach: %d", rc);
+    rc = rdv_segment_lock_fd(h, fd);
+    CHECK(rc == 0, "rdv_segment_lock_fd: %d", rc);
+    close(fd);
+    rc = rdv_live_claim(h);
+    CHECK(rc == 0, "rdv_live_claim: %d", rc);
+    h->ops = fake_ops;
+    return h;
+}
+
 static void drop_segment(rdv_t *h, int fd) {
     rdv_live_release(h);
     rdv_segment_discard(h);
@@ -1136,26 +1155,14 @@ static void test_repair_windows(void) {
 #define CHILD_HOLD 48
 
 static void churn(int memfd, int ready) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", memfd);
-    int fd = open(path, O_RDWR | O_CLOEXEC); /* our own open file description */
-    CHECK(fd >= 0, "child: open %s: %s", path, strerror(errno));
-    rdv_t *h;
-    int rc = rdv_segment_attach(fd, &h);
-    CHECK(rc == 0, "child: rdv_segment_attach: %d", rc);
-    rc = rdv_segment_lock_fd(h, fd);
-    CHECK(rc == 0, "child: rdv_segment_lock_fd: %d", rc);
-    close(fd);
-    rc = rdv_live_claim(h);
-    CHECK(rc == 0, "child: rdv_live_claim: %d", rc);
-    h->ops = fake_ops;
+    rdv_t *h = attach_handle(memfd);
     uint32_t entry = h->me;
     CHECK(write(ready, &entry, 4) == 4, "child: write");
     uint64_t held[CHILD_HOLD];
     uint32_t n = 0;
     for (;;) { /* until killed */
         uint64_t pos;
-        rc = n < CHILD_HOLD ? rdv_arena_alloc(h, random_size(64 << 10), &pos) : -ENOSPC;
+        int rc = n < CHILD_HOLD ? rdv_arena_alloc(h, random_size(64 << 10), &pos) : -ENOSPC;
         if (rc == 0)
             held[n++] = pos;
         else if (rc != -ENOSPC)
@@ -1322,23 +1329,6 @@ static void test_positions(void) {
  * all below the end of the last batch taken (what lease recovery's ages
  * count back from), one segment counter step per batch. */
 
-static rdv_t *second_handle(int memfd) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", memfd);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    CHECK(fd >= 0, "open %s: %s", path, strerror(errno));
-    rdv_t *h;
-    int rc = rdv_segment_attach(fd, &h);
-    CHECK(rc == 0, "rdv_segment_attach: %d", rc);
-    rc = rdv_segment_lock_fd(h, fd);
-    CHECK(rc == 0, "rdv_segment_lock_fd: %d", rc);
-    close(fd);
-    rc = rdv_live_claim(h);
-    CHECK(rc == 0, "rdv_live_claim: %d", rc);
-    h->ops = fake_ops;
-    return h;
-}
-
 #define NUM_THREADS 4
 #define NUM_PER_THREAD 3000
 #define NUM_ALL (2 * 700 + NUM_THREADS * NUM_PER_THREAD)
@@ -1381,7 +1371,7 @@ static int cmp_u64(const void *a, const void *b) {
 static void test_numbers(void) {
     phase = "numbers";
     int fd;
-    rdv_t *a = make_segment(1 << 20, &fd), *b = second_handle(fd);
+    rdv_t *a = make_segment(1 << 20, &fd), *b = attach_handle(fd);
     n_seen = 0;
     uint64_t last_a = UINT64_MAX, last_b = UINT64_MAX, pos;
     /* two handles alternating, each past two batch ends */
