@@ -211,26 +211,34 @@ static uint32_t find(rdv_t *h, uint32_t need) {
 
 /* ---- the steps -------------------------------------------------------------*/
 
-/* The next allocation number of our batch, a new batch first when it is
- * used up. Numbers are unique over the segment's life (batches are) and
- * grow along each handle's allocations; across handles they follow the
- * order batches were taken in, not the allocations'. A batch a thread
- * takes while another of ours refills first goes unused, as does the rest
- * of ours when we detach or die. */
+/* The next allocation number of our range, a new range first when it is
+ * used up. Ranges are reserved from the segment's counter by one atomic
+ * add, as many numbers as we have reserved so far (1, 1, 2, 4, ...) up to
+ * RDV_SEQ_BATCH: a send no longer takes the counter's line from the other
+ * CPU each time, and a handle that sends little wastes little. Numbers are
+ * unique over the segment's life and grow along each handle's
+ * allocations; across handles they follow the order ranges were reserved
+ * in, not the allocations'. Numbers never handed out (the rest of a range
+ * when we detach or die, a range a thread reserved while another of ours
+ * refilled first) are skipped, never reused: at most as many as we used,
+ * plus one range. */
 static uint64_t next_seq(rdv_t *h) {
-    const uint64_t used_mask = (1ULL << RDV_SEQ_USED_BITS) - 1;
+    const uint64_t left_mask = (1ULL << RDV_SEQ_LEFT_BITS) - 1;
     for (;;) {
         /* relaxed, and the CASs: process-local; each number is taken by one CAS */
         uint64_t w = READ_ONCE(h->seq_word);
-        if (w && (w & used_mask) < RDV_SEQ_BATCH) {
-            if (rdv_cas(&h->seq_word, &w, w + 1, __ATOMIC_RELAXED))
-                return ((w >> RDV_SEQ_USED_BITS) - 1) * RDV_SEQ_BATCH + (w & used_mask);
+        if (w & left_mask) {
+            if (rdv_cas(&h->seq_word, &w, w + (1ULL << RDV_SEQ_LEFT_BITS) - 1, __ATOMIC_RELAXED))
+                return w >> RDV_SEQ_LEFT_BITS;
             continue;
         }
-        /* relaxed: a batch only needs to be unique */
-        uint64_t batch = rdv_fetch_add(&h->khdr->arena.alloc_seq, 1, __ATOMIC_RELAXED);
-        if (rdv_cas(&h->seq_word, &w, (batch + 1) << RDV_SEQ_USED_BITS | 1, __ATOMIC_RELAXED))
-            return batch * RDV_SEQ_BATCH;
+        uint64_t reserved = READ_ONCE(h->seq_reserved); /* relaxed: a size hint */
+        uint64_t n = reserved == 0 ? 1 : reserved < RDV_SEQ_BATCH ? reserved : RDV_SEQ_BATCH;
+        /* relaxed: a range only needs to be unique */
+        uint64_t first = rdv_fetch_add(&h->khdr->arena.alloc_seq, n, __ATOMIC_RELAXED);
+        WRITE_ONCE(h->seq_reserved, reserved + n);
+        if (rdv_cas(&h->seq_word, &w, (first + 1) << RDV_SEQ_LEFT_BITS | (n - 1), __ATOMIC_RELAXED))
+            return first;
     }
 }
 

@@ -74,10 +74,13 @@ struct rdv {
      * our bit of arena.space_wanting, the last clears it */
     pthread_mutex_t want_lock;
     uint32_t want_count;
-    /* The batch of allocation numbers we hand out (rdv_arena.c): (batch +
-     * 1) << RDV_SEQ_USED_BITS | numbers used of it; 0 before the first.
-     * Process-local, shared by our threads through compare-and-swap. */
+    /* The range of allocation numbers we hand out (rdv_arena.c): the next
+     * number << RDV_SEQ_LEFT_BITS | how many are left after it (0 before
+     * the first range), and the numbers we have reserved in all, which
+     * sizes the next range. Process-local; our threads take numbers by
+     * compare-and-swap of seq_word. */
     uint64_t seq_word;
+    uint64_t seq_reserved;
 };
 
 #endif

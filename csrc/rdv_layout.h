@@ -22,11 +22,12 @@
 #define RDV_GRANULE 64u /* arena allocation unit and payload alignment */
 #define RDV_GRANULE_BITS 30 /* a granule index or block length fits 30 bits */
 #define RDV_MAX_ARENA ((uint64_t)RDV_MAX_ARENA_BYTES) /* shmrdv.h; granule indexes fit RDV_GRANULE_BITS */
-/* Allocation numbers a handle takes from the segment at once (one atomic
- * add on the arena's first line, which the other side of a round trip
- * uses too, for RDV_SEQ_BATCH blocks instead of one each). */
+/* The most allocation numbers a handle reserves from the segment at once:
+ * one atomic add on the arena's first line, which the other side of a
+ * round trip uses too, for up to RDV_SEQ_BATCH blocks instead of one each
+ * (rdv_arena.c's next_seq). */
 #define RDV_SEQ_BATCH 256u
-#define RDV_SEQ_USED_BITS 9 /* rdv_t.seq_word: numbers used of its batch, 0..RDV_SEQ_BATCH */
+#define RDV_SEQ_LEFT_BITS 9 /* rdv_t.seq_word: numbers left in the range, below RDV_SEQ_BATCH */
 #define RDV_MIN_BLOCK 4u /* granules: a free block holds its start tag, two links, its end tag */
 /* RDV_MAX_PROCS (shmrdv.h): processes attached at once (handles, really) */
 #define RDV_PROC_SPARE 43 /* words of a process entry kept for later use */
@@ -64,9 +65,9 @@ enum { RDV_RUNNING = 0, RDV_ABORTING = 1, RDV_ABORTED = 2 };
 struct rdv_arena_ctl {
     uint32_t lock;        /* rdv_lock word: holder's entry + 1 */
     uint32_t cursor;      /* granule where the ring's next block goes (next fit) */
-    /* Batches of allocation numbers handed out so far: batch b is the
-     * numbers b * RDV_SEQ_BATCH up to the next batch's, which the handle
-     * that took it gives its blocks (the upper bits of block positions). */
+    /* Allocation numbers handed out or reserved so far (the upper bits of
+     * block positions): a handle reserves a range and gives its blocks
+     * the numbers of it in turn (rdv_arena.c's next_seq). */
     uint64_t alloc_seq;
     uint64_t live_bytes;  /* in busy blocks */
     uint64_t free_bytes;  /* in free blocks */

@@ -67,8 +67,8 @@ static const char *leased_key(rdv_t *h, struct rdv_msg *m, uint32_t who, uint32_
 /* How long ago the block at pos was numbered, in allocation numbers. */
 static uint64_t age(rdv_t *h, uint64_t pos) {
     /* relaxed: a counter that only grows; a stale value shifts every age
-     * alike. Past every number handed out: the end of the last batch. */
-    uint64_t now = READ_ONCE(h->khdr->arena.alloc_seq) * RDV_SEQ_BATCH;
+     * alike. Past every number handed out (reserved ranges included). */
+    uint64_t now = READ_ONCE(h->khdr->arena.alloc_seq);
     return (now - rdv_pos_seq(pos)) & ((1ULL << (64 - RDV_GRANULE_BITS)) - 1);
 }
 

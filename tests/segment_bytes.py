@@ -1,4 +1,4 @@
-"""A segment's bytes as a test sees them: the layout (version 9) and helpers that read and
+"""A segment's bytes as a test sees them: the layout (version 8) and helpers that read and
 poke it, to put a segment in the state a death or damage leaves. One place for every offset
 the tests rely on; csrc/rdv_layout.h pins the same offsets with _Static_asserts."""
 import mmap
