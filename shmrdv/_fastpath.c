@@ -167,6 +167,21 @@ static PyObject *view(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return take_view(h, info, args[2], args[3], writable);
 }
 
+/* Point each of n memo slots at its new value, held, and only then let the
+ * old values go: whatever their release runs (a destructor may call back
+ * into the hot path) finds every memo whole. Guarded by the GIL. */
+#define MEMO_MAX 3
+static void memo_replace(PyObject **const slots[], PyObject *const values[], int n) {
+    PyObject *old[MEMO_MAX];
+    for (int i = 0; i < n; i++) {
+        Py_INCREF(values[i]);
+        old[i] = *slots[i];
+        *slots[i] = values[i];
+    }
+    for (int i = 0; i < n; i++)
+        Py_XDECREF(old[i]);
+}
+
 /* The descriptor looked up last, the descs it was looked up in and what
  * that said of it (all held): a stream of one kind of message then skips
  * making the key and hashing it. A descriptor always means the same
@@ -204,17 +219,9 @@ static int known(const struct rdv_msg_info *info, PyObject *descs, PyObject **pa
             PyErr_SetString(PyExc_TypeError, "descs values must be (dtype, shape, nbytes)");
             return -1;
         }
-        /* all three replaced before the old ones are let go: whatever their
-         * release runs finds the cache whole */
-        PyObject *old_desc = last_desc, *old_found = last_found, *old_descs = last_descs;
-        Py_INCREF(found);
-        Py_INCREF(descs);
-        last_desc = desc;
-        last_found = found;
-        last_descs = descs;
-        Py_XDECREF(old_desc);
-        Py_XDECREF(old_found);
-        Py_XDECREF(old_descs);
+        memo_replace((PyObject **const[]){&last_desc, &last_found, &last_descs},
+                     (PyObject *const[]){desc, found, descs}, 3);
+        Py_DECREF(desc); /* the memo holds it now */
     }
     unsigned long long nbytes = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(found, 2));
     if (PyErr_Occurred())
@@ -388,16 +395,7 @@ static int cached_key(struct key_memo *memo, PyObject *keys, PyObject *key, PyOb
         *kb = NULL;
         return 0;
     }
-    /* all three replaced before the old ones are let go: whatever their
-     * release runs finds the memo whole */
-    struct key_memo old = *memo;
-    Py_INCREF(keys);
-    Py_INCREF(key);
-    Py_INCREF(*kb);
-    *memo = (struct key_memo){keys, key, *kb};
-    Py_XDECREF(old.keys);
-    Py_XDECREF(old.key);
-    Py_XDECREF(old.kb);
+    memo_replace((PyObject **const[]){&memo->keys, &memo->key, &memo->kb}, (PyObject *const[]){keys, key, *kb}, 3);
     return 0;
 }
 
@@ -420,13 +418,7 @@ static PyObject *thread_scratch(void) {
     PyObject *scratch = d ? PyDict_GetItemWithError(d, scratch_key) : NULL;
     if (!(scratch && PyTuple_CheckExact(scratch) && PyTuple_GET_SIZE(scratch) == 5))
         return NULL;
-    PyObject *old_dict = memo_dict, *old_scratch = memo_scratch;
-    Py_INCREF(d);
-    Py_INCREF(scratch);
-    memo_dict = d;
-    memo_scratch = scratch;
-    Py_XDECREF(old_dict);
-    Py_XDECREF(old_scratch);
+    memo_replace((PyObject **const[]){&memo_dict, &memo_scratch}, (PyObject *const[]){d, scratch}, 2);
     return scratch;
 }
 
@@ -605,20 +597,11 @@ static int form_of(PyArrayObject *arr, PyObject *forms, PyObject **form) {
         PyErr_SetString(PyExc_TypeError, "forms values must be (code bytes, dims bytes, nbytes)");
         return -1;
     }
-    /* all three replaced before the old ones are let go: whatever their
-     * release runs finds the cache whole */
-    PyObject *old_forms = last_forms, *old_descr = last_form_descr, *old_form = last_form;
-    Py_INCREF(forms);
-    Py_INCREF(descr);
-    Py_INCREF(found);
-    last_forms = forms;
-    last_form_descr = descr;
-    last_form = found;
+    /* the dims first: no code runs before the memo's old values go */
     last_form_nd = nd;
     memcpy(last_form_dims, PyArray_DIMS(arr), (size_t)nd * sizeof(npy_intp));
-    Py_XDECREF(old_forms);
-    Py_XDECREF(old_descr);
-    Py_XDECREF(old_form);
+    memo_replace((PyObject **const[]){&last_forms, &last_form_descr, &last_form},
+                 (PyObject *const[]){forms, descr, found}, 3);
     *form = found;
     return 0;
 }
