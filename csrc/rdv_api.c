@@ -35,16 +35,35 @@ static int count_wanting(rdv_t *h, int *wanting) {
 
 static int check_key(uint32_t key_len) { return key_len == 0 || key_len > RDV_KEY_MAX ? -EINVAL : 0; }
 
+static void *write_header(rdv_t *h, uint64_t pos, const char *key, uint32_t key_len, const char *dtype,
+                          uint32_t dtype_len, uint32_t ndim, const int64_t *shape, const int64_t *strides,
+                          uint64_t nbytes, uint64_t meta);
+
+/* The block's metadata bytes for a send of these, or 0 if the send is
+ * refused (-EINVAL) or can never fit (-EMSGSIZE) into *rc. */
+static uint64_t send_meta(const rdv_t *h, uint32_t key_len, uint32_t ndim, uint32_t dtype_len, uint64_t nbytes,
+                          int *rc) {
+    if (key_len == 0 || key_len > RDV_KEY_MAX || ndim > RDV_NDIM_MAX || dtype_len == 0 ||
+        dtype_len > RDV_DTYPE_MAX) {
+        *rc = -EINVAL;
+        return 0;
+    }
+    uint64_t meta = rdv_meta_bytes(ndim, key_len);
+    if (nbytes > h->cap || meta + nbytes > h->cap) {
+        *rc = -EMSGSIZE;
+        return 0;
+    }
+    return meta;
+}
+
 static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
                    uint32_t dtype_len, uint32_t ndim, const int64_t *shape,
                    const int64_t *strides, uint64_t nbytes, int64_t timeout_ns,
                    uint64_t *pos, void **payload) {
-    if (key_len == 0 || key_len > RDV_KEY_MAX || ndim > RDV_NDIM_MAX || dtype_len == 0 ||
-        dtype_len > RDV_DTYPE_MAX)
-        return -EINVAL;
-    uint64_t meta = rdv_meta_bytes(ndim, key_len);
-    if (nbytes > h->cap || meta + nbytes > h->cap)
-        return -EMSGSIZE;
+    int rc;
+    uint64_t meta = send_meta(h, key_len, ndim, dtype_len, nbytes, &rc);
+    if (!meta)
+        return rc;
 
     /* The clock is read only once there is no room: a send that finds room
      * at once (nearly all of them) makes no clock call. */
@@ -52,7 +71,6 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
     struct rdv_header *khdr = h->khdr;
     int64_t next_reclaim_ns = INT64_MAX;
     int wanting = 0; /* counted among the producers short of space (rdv_arena_want_space) */
-    int rc;
     for (;;) {
         if (rdv_is_aborted(h)) {
             rc = -ECONNABORTED;
@@ -92,7 +110,16 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
     if (rc < 0)
         return rc;
 
-    uint8_t *block = (uint8_t *)rdv_msg_at(h, *pos);
+    *payload = write_header(h, *pos, key, key_len, dtype, dtype_len, ndim, shape, strides, nbytes, meta);
+    return 0;
+}
+
+/* The header of a message in the block at pos (ours, WRITING, meta +
+ * nbytes long): the payload's address. */
+static void *write_header(rdv_t *h, uint64_t pos, const char *key, uint32_t key_len, const char *dtype,
+                          uint32_t dtype_len, uint32_t ndim, const int64_t *shape, const int64_t *strides,
+                          uint64_t nbytes, uint64_t meta) {
+    uint8_t *block = (uint8_t *)rdv_msg_at(h, pos);
     struct rdv_msg *m = (struct rdv_msg *)block;
     m->next = 0;
     m->key_len = key_len;
@@ -107,9 +134,8 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
     rdv_copy_words(dims, shape, ndim);
     rdv_copy_words(dims + ndim, strides, ndim);
     memcpy(dims + 2 * ndim, key, key_len);
-    memcpy(block + meta - 8, pos, 8);
-    *payload = block + meta;
-    return 0;
+    memcpy(block + meta - 8, &pos, 8);
+    return block + meta;
 }
 
 static int do_send_commit(rdv_t *h, uint64_t pos, const uint64_t *hash) {
@@ -665,20 +691,87 @@ int rdv_send(rdv_t *h, const char *key, uint32_t key_len, const char *dtype,
                         timeout_ns));
 }
 
+/* Whether two items name the same key. */
+static int same_key(const struct rdv_send_item *a, const struct rdv_send_item *b) {
+    return a->key_len == b->key_len && (a->key == b->key || memcmp(a->key, b->key, a->key_len) == 0);
+}
+
+/* Link a run's blocks (written, all of one key) under one hold of its
+ * lock; if that fails, each as a send would, so every message gets the
+ * error its own send would have had. How many were sent: *sent grows by
+ * that; the first failure's code. */
+static int commit_run(rdv_t *h, const uint64_t *pos, uint32_t n, const uint64_t *hash, uint32_t *sent) {
+    if (rdv_queue_link_run(h, pos, n, hash) == 0) {
+        *sent += n;
+        return 0;
+    }
+    int first_rc = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        int rc = first_rc ? first_rc : do_send_commit(h, pos[i], hash);
+        if (rc < 0 && !first_rc)
+            first_rc = rc;
+        else if (first_rc) /* after a failure nothing more is sent: its block goes */
+            rdv_arena_free(h, pos[i]);
+        else
+            (*sent)++;
+    }
+    return first_rc;
+}
+
+/* The items as sends, in order, in runs of one key: a run's blocks are
+ * allocated (the first as a send allocates, waiting for room if need be,
+ * the rest at once under one hold of the arena's lock), filled, then
+ * linked under one hold of the key's lock (commit_run). A run never waits
+ * for room while it holds blocks not yet linked (the consumer could not
+ * free any for us): it ends where room ends, and the next run, starting
+ * there, waits. A run is at most RDV_LINK_RUN_MAX messages and about
+ * RDV_LINK_RUN_BYTES, so its first message is not held back long. */
 static int do_send_many(rdv_t *h, const struct rdv_send_item *const *items, const void *const *srcs,
                         uint32_t n, int64_t timeout_ns, uint32_t *sent) {
     struct rdv_deadline d;
     rdv_deadline_init(&d, timeout_ns);
-    for (uint32_t i = 0; i < n; i++) {
-        const struct rdv_send_item *it = items[i];
+    uint32_t i = 0;
+    while (i < n) {
+        const struct rdv_send_item *first = items[i];
+        if (check_key(first->key_len) < 0)
+            return -EINVAL;
+        uint64_t hash[2], pos[RDV_LINK_RUN_MAX], sizes[RDV_LINK_RUN_MAX], metas[RDV_LINK_RUN_MAX];
+        rdv_hash_key(h, first->key, first->key_len, &hash[0], &hash[1]);
+        rdv_index_warm(h, hash[0]);
         int64_t left = -1;
         if (!d.forever && rdv_deadline_left(&d, &left) < 0)
             left = 0; /* past the deadline: one try without waiting */
-        int rc = do_send(h, it->key, it->key_len, it->dtype, it->dtype_len, it->ndim, it->shape,
-                         it->strides, srcs[i], it->nbytes, left);
+        void *payload;
+        int rc = do_send_begin(h, first->key, first->key_len, first->dtype, first->dtype_len, first->ndim,
+                               first->shape, first->strides, first->nbytes, left, &pos[0], &payload);
         if (rc < 0)
             return rc;
-        *sent = i + 1;
+        memcpy(payload, srcs[i], first->nbytes);
+        /* the rest of the run: as many as are valid, of this key, within bounds */
+        uint32_t want = 1, k;
+        uint64_t bytes = first->nbytes;
+        while (i + want < n && want < RDV_LINK_RUN_MAX && bytes < RDV_LINK_RUN_BYTES &&
+               same_key(items[i + want], first)) {
+            const struct rdv_send_item *it = items[i + want];
+            int bad;
+            if (!(metas[want] = send_meta(h, it->key_len, it->ndim, it->dtype_len, it->nbytes, &bad)))
+                break; /* its own run's first send reports it */
+            sizes[want] = metas[want] + it->nbytes;
+            bytes += it->nbytes;
+            want++;
+        }
+        k = 1 + (want > 1 ? rdv_arena_alloc_run(h, sizes + 1, want - 1, pos + 1) : 0);
+        for (uint32_t j = 1; j < k; j++) {
+            const struct rdv_send_item *it = items[i + j];
+            memcpy(write_header(h, pos[j], it->key, it->key_len, it->dtype, it->dtype_len, it->ndim, it->shape,
+                                it->strides, it->nbytes, metas[j]),
+                   srcs[i + j], it->nbytes);
+        }
+        uint32_t before = *sent;
+        rc = commit_run(h, pos, k, hash, sent);
+        if (rc < 0)
+            return rc;
+        i += *sent - before;
     }
     return 0;
 }

@@ -675,10 +675,37 @@ static int alloc_from_lists(rdv_t *h, uint32_t need, uint64_t *pos) {
     return rc;
 }
 
-int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos) {
+/* The granules a block of nbytes takes. */
+static uint64_t granules_for(uint64_t nbytes) {
     uint64_t need = (nbytes + RDV_GRANULE - 1) / RDV_GRANULE;
-    if (need < RDV_MIN_BLOCK)
-        need = RDV_MIN_BLOCK;
+    return need < RDV_MIN_BLOCK ? RDV_MIN_BLOCK : need;
+}
+
+uint32_t rdv_arena_alloc_run(rdv_t *h, const uint64_t *nbytes, uint32_t n, uint64_t *pos) {
+    struct rdv_arena_ctl *ka = &h->khdr->arena;
+    uint32_t k = 0;
+    rdv_lock(h, &ka->lock);
+    /* Each block is its own step, as a lone allocation's is: a death
+     * between two leaves the ones cut so far ours, WRITING, to reclaim. */
+    for (int tries = 0; k < n && tries < 2;) {
+        uint64_t need = granules_for(nbytes[k]);
+        uint32_t g = need <= h->granules ? find(h, (uint32_t)need) : NONE;
+        if (g == NONE)
+            break;
+        uint32_t len = free_len_at(h, g);
+        if (list_remove(h, g, len) < 0) {
+            rdv_arena_repair(h); /* damaged lists: rebuilt from the chain, then once more */
+            tries++;
+            continue;
+        }
+        pos[k++] = carve(h, g, len, (uint32_t)need);
+    }
+    rdv_unlock(h, &ka->lock);
+    return k;
+}
+
+int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos) {
+    uint64_t need = granules_for(nbytes);
     if (need > h->granules)
         return -EMSGSIZE;
     if (take_kept(h, (uint32_t)need, pos))

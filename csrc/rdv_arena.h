@@ -14,6 +14,12 @@ void rdv_arena_init(rdv_t *h);
  * WRITING, owner), at *pos. -EMSGSIZE: larger than the arena can ever hold;
  * -ENOSPC: no free run that large right now (frees bump space_seq). */
 int rdv_arena_alloc(rdv_t *h, uint64_t nbytes, uint64_t *pos);
+/* Blocks of nbytes[0], nbytes[1], ... in order, for as many as there is
+ * room for now, under one hold of the arena's lock (a run of sends: one
+ * lock round trip, and one barrier, instead of one per block): how many,
+ * each as rdv_arena_alloc makes it, at pos[]. Never waits; a size the
+ * arena can never hold ends the run there too. */
+uint32_t rdv_arena_alloc_run(rdv_t *h, const uint64_t *nbytes, uint32_t n, uint64_t *pos);
 /* Free the busy block at pos; -EINVAL if pos names no busy block (freed
  * already, or never allocated). Wakes producers waiting for space. */
 int rdv_arena_free(rdv_t *h, uint64_t pos);

@@ -54,31 +54,14 @@ static void serve_and_release(rdv_t *h, uint32_t idx) {
     rdv_waiter_wake_now(&wk);
 }
 
-int rdv_queue_link(rdv_t *h, uint64_t pos, const uint64_t *hash) {
+/* With slot s locked: append message m (at pos, ours, WRITING) to its
+ * queue. QUEUED before linking, owner cleared after: if we die in between
+ * (holding the lock), repair finds the block by its owner and stage. The
+ * stage store is the commit point: repair keeps a QUEUED block, and a
+ * marked commit counts as done from here on (rdv_mark.c). One block at a
+ * time is in that window, so repair's arena-order append keeps send order. */
+static void append(rdv_t *h, struct rdv_slot *s, struct rdv_msg *m, uint64_t pos) {
     uint64_t len;
-    struct rdv_msg *m = rdv_queue_writing(h, pos, h->me + 1, &len);
-    if (!m)
-        return -EINVAL;
-    /* the header is ours, but it lives in shared memory: bound what we read */
-    if (!rdv_msg_key_fits(m, len))
-        return -EBADMSG;
-    uint32_t idx;
-    int rc = hash ? rdv_index_acquire_hashed(h, hash[0], hash[1], m->key_len, RDV_INDEX_CREATE, &idx)
-                  : rdv_index_acquire(h, rdv_msg_key(m), m->key_len, RDV_INDEX_CREATE, &idx);
-    if (rc < 0)
-        return rc;
-    struct rdv_slot *s = &h->kslots[idx];
-    if (rdv_is_aborted(h)) {
-        /* rdv_abort drains each slot under its lock after setting the state:
-         * a message linked after that drain would never be freed */
-        rdv_index_maybe_delete(h, idx);
-        rdv_index_release(h, idx);
-        return -ECONNABORTED;
-    }
-    /* QUEUED before linking, owner cleared after: if we die in between
-     * (holding the lock), repair finds the block by its owner and stage.
-     * This store is the commit point: repair keeps a QUEUED block, and a
-     * marked commit counts as done from here on (rdv_mark.c). */
     m->stage = RDV_MSG_QUEUED;
     uint32_t g = rdv_link_of(pos);
     struct rdv_msg *tail = rdv_queued_msg(h, s->q_tail, &len);
@@ -89,6 +72,62 @@ int rdv_queue_link(rdv_t *h, uint64_t pos, const uint64_t *hash) {
     s->q_tail = g;
     s->count++;
     m->owner = 0;
+}
+
+/* The slot of m's key, locked, created if need be (hash: as for
+ * rdv_queue_link): 0, or -errno with nothing held. */
+static int lock_key_of(rdv_t *h, const struct rdv_msg *m, const uint64_t *hash, uint32_t *idx) {
+    int rc = hash ? rdv_index_acquire_hashed(h, hash[0], hash[1], m->key_len, RDV_INDEX_CREATE, idx)
+                  : rdv_index_acquire(h, rdv_msg_key(m), m->key_len, RDV_INDEX_CREATE, idx);
+    if (rc < 0)
+        return rc;
+    if (rdv_is_aborted(h)) {
+        /* rdv_abort drains each slot under its lock after setting the state:
+         * a message linked after that drain would never be freed */
+        rdv_index_maybe_delete(h, *idx);
+        rdv_index_release(h, *idx);
+        return -ECONNABORTED;
+    }
+    return 0;
+}
+
+int rdv_queue_link(rdv_t *h, uint64_t pos, const uint64_t *hash) {
+    uint64_t len;
+    struct rdv_msg *m = rdv_queue_writing(h, pos, h->me + 1, &len);
+    if (!m)
+        return -EINVAL;
+    /* the header is ours, but it lives in shared memory: bound what we read */
+    if (!rdv_msg_key_fits(m, len))
+        return -EBADMSG;
+    uint32_t idx;
+    int rc = lock_key_of(h, m, hash, &idx);
+    if (rc < 0)
+        return rc;
+    append(h, &h->kslots[idx], m, pos);
+    serve_and_release(h, idx);
+    return 0;
+}
+
+int rdv_queue_link_run(rdv_t *h, const uint64_t *pos, uint32_t n, const uint64_t *hash) {
+    struct rdv_msg *ms[RDV_LINK_RUN_MAX];
+    if (n == 0 || n > RDV_LINK_RUN_MAX)
+        return -EINVAL;
+    for (uint32_t i = 0; i < n; i++) { /* all ours, all of one key, before the lock */
+        uint64_t len;
+        struct rdv_msg *m = ms[i] = rdv_queue_writing(h, pos[i], h->me + 1, &len);
+        if (!m)
+            return -EINVAL;
+        if (!rdv_msg_key_fits(m, len))
+            return -EBADMSG;
+        if (i && (m->key_len != ms[0]->key_len || memcmp(rdv_msg_key(m), rdv_msg_key(ms[0]), m->key_len) != 0))
+            return -EINVAL;
+    }
+    uint32_t idx;
+    int rc = lock_key_of(h, ms[0], hash, &idx);
+    if (rc < 0)
+        return rc;
+    for (uint32_t i = 0; i < n; i++)
+        append(h, &h->kslots[idx], ms[i], pos[i]);
     serve_and_release(h, idx);
     return 0;
 }

@@ -51,6 +51,16 @@ struct rdv_msg *rdv_queue_writing(rdv_t *h, uint64_t pos, uint32_t who, uint64_t
  * free. hash: the key's two hashes (rdv_hash_key) if the caller has them,
  * else NULL (the key in the message's header is hashed). */
 int rdv_queue_link(rdv_t *h, uint64_t pos, const uint64_t *hash);
+/* Blocks a run links at most, and the bytes after which a run is linked
+ * (its first message waits for the rest to be written: a bound on that). */
+#define RDV_LINK_RUN_MAX 64
+#define RDV_LINK_RUN_BYTES (256u << 10)
+/* rdv_queue_link of n blocks of one key, in order, under one hold of the
+ * key's lock: what a batch of sends saves is the lock's round trip per
+ * message. Every block is checked first: on failure none is linked (the
+ * caller frees them, or links them one by one), -EINVAL if one is not a
+ * block we are writing or the keys differ. */
+int rdv_queue_link_run(rdv_t *h, const uint64_t *pos, uint32_t n, const uint64_t *hash);
 /* With slot s locked and a message queued: describe it into out (bounds-
  * checking everything read from shared memory) and unlink it, delivered to
  * us (leased: it goes back to the queue if we die holding it). */

@@ -189,6 +189,24 @@ def test_space_a_dead_process_held_is_reclaimed_for_a_blocked_batch(rdv_name, ch
             small.unlink()
 
 
+@pytest.mark.timeout(120)
+def test_a_batch_many_times_the_arena_streams_through_it(rdv_name, children):
+    """A batch of 2 MiB through a 64 KiB arena: each run of one key is
+    written before it is linked, and one that runs out of room is linked
+    before the batch waits for more (a consumer can free nothing it cannot
+    see). Every message arrives, once, in order."""
+    with shmrdv.Rendezvous(rdv_name, create=True, size=64 << 10) as small:
+        try:
+            count = 512
+            queue = children.context.Queue()
+            children.start(workers.first_elements, rdv_name, "k", count, queue)
+            small.send_many([("k", np.full(1024, i, np.int32)) for i in range(count)], timeout=15)
+            assert queue.get(timeout=60) == list(range(count))
+            children.join()
+        finally:
+            small.unlink()
+
+
 def _interrupt_on(call_number):
     calls = [0]
 

@@ -596,6 +596,18 @@ def send_counter_many(name, key, count, batch):
     rdv.close()
 
 
+def first_elements(name, key, count, queue):
+    """Receive `count` messages of key in batches, dropping each once read,
+    and report their first elements."""
+    with shmrdv.Rendezvous(name, create=False) as rdv:
+        firsts = []
+        while len(firsts) < count:
+            views = rdv.recv_many(key, 256, timeout=CHILD_TIMEOUT)
+            firsts += [int(v.flat[0]) for v in views]
+            del views
+        queue.put(firsts)
+
+
 def take_all_and_exit(name, key, count, queue):
     """Receive `count` messages of key, keep their views, report, and exit
     without releasing them: a dead process holding arena space."""
