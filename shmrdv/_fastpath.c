@@ -671,6 +671,17 @@ static PyObject *send_key_of(PyObject *h_addr, PyObject *key, PyObject *array, P
     return PyLong_FromLong(rc);
 }
 
+/* Whether (key, arr) has the kind of prev, the batch's item before it (a
+ * pair checked already, held): the same key object, dtype object and
+ * shape. */
+static int same_kind(PyObject *prev, PyObject *key, PyArrayObject *arr) {
+    PyObject *pkey = PyTuple_GET_ITEM(prev, 0);
+    PyArrayObject *parr = (PyArrayObject *)PyTuple_GET_ITEM(prev, 1);
+    int nd = PyArray_NDIM(arr);
+    return pkey == key && PyArray_DESCR(parr) == PyArray_DESCR(arr) && PyArray_NDIM(parr) == nd &&
+           memcmp(PyArray_DIMS(parr), PyArray_DIMS(arr), (size_t)nd * sizeof(npy_intp)) == 0;
+}
+
 /* send_many(h, batch, kinds): a batch (a list of at most RDV_MANY_MAX
  * (str key, array) tuples) in one rdv_send_many, without waiting for room,
  * when every item is a C-contiguous ndarray whose (key, dtype, shape)
@@ -698,7 +709,7 @@ static PyObject *send_many(PyObject *module, PyObject *const *args, Py_ssize_t n
      * code of other threads that could change the batch or drop a kind. */
     PyObject *held[2 * RDV_MANY_MAX];
     Py_ssize_t nheld = 0;
-    PyObject *result = NULL;
+    PyObject *result = NULL, *prev_pair = NULL; /* the last item checked (held) */
     uint64_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i >= PyList_GET_SIZE(batch))
@@ -713,6 +724,15 @@ static PyObject *send_many(PyObject *module, PyObject *const *args, Py_ssize_t n
             goto decline;
         PyArrayObject *arr = (PyArrayObject *)a;
         int nd = PyArray_NDIM(arr);
+        PyObject *prev = prev_pair;
+        prev_pair = pair;
+        if (prev && same_kind(prev, key, arr)) {
+            /* the previous item's kind (held above): no key to build and hash */
+            items[i] = items[i - 1];
+            srcs[i] = PyArray_DATA(arr);
+            total += items[i]->nbytes;
+            continue;
+        }
         PyObject *kind_key = cache_key(key, arr);
         if (!kind_key)
             goto done;

@@ -207,6 +207,24 @@ def test_a_batch_many_times_the_arena_streams_through_it(rdv_name, children):
             small.unlink()
 
 
+def test_items_after_one_of_their_key_keep_their_own_dtype_and_shape(rdv):
+    """Consecutive items that share a key (the same str object) or a dtype
+    and shape but differ otherwise each arrive as they were sent, through
+    the fast path too (the second batch, its kinds known)."""
+    key = "k"
+    items = [(key, np.zeros(3, np.float32)), (key, np.ones(4, np.float32)), (key, np.full(4, 2.0)),
+             (key, np.full((2, 2), 3.0)), ("j", np.full((2, 2), 4.0)), (key, np.full((2, 2), 5, np.int8))]
+    for _ in range(2):
+        rdv.send_many(items)
+        got = rdv.recv_many("k", 10)
+        other = rdv.recv_many("j", 10)
+        expect = [a for k, a in items if k == "k"]
+        assert [(v.dtype, v.shape) for v in got] == [(a.dtype, a.shape) for a in expect]
+        assert all(np.array_equal(v, a) for v, a in zip(got, expect))
+        assert len(other) == 1 and other[0].shape == (2, 2) and float(other[0][0, 0]) == 4.0
+        del got, other
+
+
 def _interrupt_on(call_number):
     calls = [0]
 
