@@ -23,7 +23,8 @@ def address(cdata: object) -> int:
 
 
 fast.init(*(address(ffi.addressof(lib, name)) for name in ("rdv_send", "rdv_send_many", "rdv_recv_start",
-                                                              "rdv_recv_wait", "rdv_release_payload")))
+                                                              "rdv_recv_wait", "rdv_release_payload", "rdv_send_begin",
+                                                              "rdv_unref", "rdv_send_discard")))
 
 # errno -> (exception class, what the code says when the caller knows no more)
 _ERRORS: Dict[int, Tuple[Type[RendezvousError], str]] = {

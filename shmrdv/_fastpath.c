@@ -40,6 +40,9 @@ static __typeof__(rdv_send_many) *core_send_many;
 static __typeof__(rdv_recv_start) *core_recv_start;
 static __typeof__(rdv_recv_wait) *core_recv_wait;
 static __typeof__(rdv_release_payload) *core_release;
+static __typeof__(rdv_send_begin) *core_send_begin;
+static __typeof__(rdv_unref) *core_unref;
+static __typeof__(rdv_send_discard) *core_send_discard;
 
 /* ---- Payload: the owner of one received message's block ------------------ */
 
@@ -128,9 +131,34 @@ static PyObject *take_view(rdv_t *h, struct rdv_msg_info *info, PyObject *dtype,
     return arr;
 }
 
+/* ---- Reserved: the owner of an alloc'd block's mapping -------------------- */
+
+/* The base object of the array alloc gives over a block it reserved: holds
+ * the handle's reference that rdv_send_begin passed to the payload, so the
+ * segment stays mapped while the array (or anything derived from it) lives;
+ * the block itself is committed or discarded by the Allocation. */
+typedef struct {
+    PyObject_HEAD
+    rdv_t *h;
+} Reserved;
+
+static void reserved_dealloc(Reserved *self) {
+    core_unref(self->h);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject ReservedType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmrdv._fastpath.Reserved",
+    .tp_basicsize = sizeof(Reserved),
+    .tp_dealloc = (destructor)reserved_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The mapping under an alloc'd block: kept while the array over it lives.",
+};
+
 /* The core's functions are given by init(); the module is unusable before. */
 static int ready(void) {
-    if (core_send && core_send_many && core_recv_start && core_recv_wait && core_release)
+    if (core_send && core_send_many && core_recv_start && core_recv_wait && core_release && core_send_begin &&
+        core_unref && core_send_discard)
         return 1;
     PyErr_SetString(PyExc_RuntimeError, "shmrdv._fastpath is used through shmrdv, which gives it the core (init)");
     return 0;
@@ -775,6 +803,85 @@ done:
     return result;
 }
 
+/* alloc_view(h, key_bytes, form, dtype, shape): Allocation.open's block,
+ * reserved for key (bytes) with form (as forms has it: (dtype code, shape
+ * and strides as int64 bytes, nbytes)) without waiting for room: (its
+ * position, a writable array of dtype and shape over its payload); None,
+ * having done nothing, when the arena has no room now (the Python layer
+ * waits); the core's code (< 0) for any other failure. */
+static PyObject *alloc_view(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    void *h;
+    if (!entered(nargs, 5, "alloc_view(h, key_bytes, form, dtype, shape)"))
+        return NULL;
+    if (!as_pointer(args[0], &h))
+        return NULL;
+    PyObject *kb = args[1], *form = args[2], *dtype = args[3], *shape = args[4];
+    if (!PyBytes_CheckExact(kb) || !PyTuple_CheckExact(form) || PyTuple_GET_SIZE(form) != 3 ||
+        !PyBytes_CheckExact(PyTuple_GET_ITEM(form, 0)) || !PyBytes_CheckExact(PyTuple_GET_ITEM(form, 1)) ||
+        !PyArray_DescrCheck(dtype) || !PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) > RDV_NDIM_MAX) {
+        PyErr_SetString(PyExc_TypeError, "alloc_view needs key bytes, a form, a numpy dtype and a shape tuple");
+        return NULL;
+    }
+    PyObject *code = PyTuple_GET_ITEM(form, 0), *dims = PyTuple_GET_ITEM(form, 1);
+    int nd = (int)PyTuple_GET_SIZE(shape);
+    unsigned long long nbytes = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(form, 2));
+    if (nbytes == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if (PyBytes_GET_SIZE(dims) != 16 * (Py_ssize_t)nd) {
+        PyErr_SetString(PyExc_ValueError, "alloc_view: the form's dims do not match the shape");
+        return NULL;
+    }
+    npy_intp shape_dims[RDV_NDIM_MAX];
+    for (int i = 0; i < nd; i++) {
+        shape_dims[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        if (shape_dims[i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    /* Made before the block is reserved: a failure then leaves nothing to
+     * give back. */
+    PyObject *out = PyTuple_New(2), *at = NULL;
+    Reserved *owner = out ? PyObject_New(Reserved, &ReservedType) : NULL;
+    if (!owner) {
+        Py_XDECREF(out);
+        return NULL;
+    }
+    owner->h = NULL;
+    const int64_t *shape_strides = (const int64_t *)PyBytes_AS_STRING(dims);
+    uint64_t pos;
+    void *payload;
+    /* With the GIL held, as a small send: a reservation copies nothing. */
+    int rc = core_send_begin(h, PyBytes_AS_STRING(kb), (uint32_t)PyBytes_GET_SIZE(kb), PyBytes_AS_STRING(code),
+                             (uint32_t)PyBytes_GET_SIZE(code), (uint32_t)nd, shape_strides, shape_strides + nd,
+                             nbytes, 0, &pos, &payload);
+    if (rc < 0) {
+        Py_TYPE(owner)->tp_free((PyObject *)owner); /* holds no reference */
+        Py_DECREF(out);
+        if (rc == -ETIMEDOUT)
+            Py_RETURN_NONE;
+        return PyLong_FromLong(rc);
+    }
+    owner->h = h; /* the reference rdv_send_begin passed to the payload */
+    Py_INCREF(owner); /* ours, whatever PyArray_SetBaseObject does on failure */
+    Py_INCREF(dtype); /* PyArray_NewFromDescr steals it */
+    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, (PyArray_Descr *)dtype, nd, shape_dims, NULL, payload,
+                                         NPY_ARRAY_CARRAY, NULL);
+    if (arr && PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)owner) == 0 &&
+        (at = PyLong_FromUnsignedLongLong(pos))) {
+        Py_DECREF(owner);
+        PyTuple_SET_ITEM(out, 0, at);
+        PyTuple_SET_ITEM(out, 1, arr);
+        return out;
+    }
+    /* no array to hand out: the block goes back, unsent, before the
+     * reference that keeps the segment mapped */
+    core_send_discard(h, pos);
+    Py_XDECREF(arr);
+    Py_DECREF(owner);
+    Py_DECREF(out);
+    return NULL;
+}
+
 /* ---- Handle: the attributes of a Rendezvous its hot paths read ------------ */
 
 /* rendezvous.Rendezvous's base: its _h (the core's handle, None once
@@ -1183,29 +1290,35 @@ static PyObject *gil_held_waits(PyObject *module, PyObject *unused) {
 /* init(send, send_many, recv_start, recv_wait, release_payload): the core's functions, by address. */
 static PyObject *init(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    void *s, *m, *r, *w, *p;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "init(send, send_many, recv_start, recv_wait, release_payload)");
+    void *f[8];
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "init(send, send_many, recv_start, recv_wait, release_payload, send_begin, unref, send_discard)");
         return NULL;
     }
-    if (!as_pointer(args[0], &s) || !as_pointer(args[1], &m) || !as_pointer(args[2], &r) ||
-        !as_pointer(args[3], &w) || !as_pointer(args[4], &p))
-        return NULL;
-    if (!s || !m || !r || !w || !p) {
-        PyErr_SetString(PyExc_ValueError, "init needs the core's five functions");
-        return NULL;
+    for (int i = 0; i < 8; i++) {
+        if (!as_pointer(args[i], &f[i]))
+            return NULL;
+        if (!f[i]) {
+            PyErr_SetString(PyExc_ValueError, "init needs the core's eight functions");
+            return NULL;
+        }
     }
-    core_send = s;
-    core_send_many = m;
-    core_recv_start = r;
-    core_recv_wait = w;
-    core_release = p;
+    core_send = f[0];
+    core_send_many = f[1];
+    core_recv_start = f[2];
+    core_recv_wait = f[3];
+    core_release = f[4];
+    core_send_begin = f[5];
+    core_unref = f[6];
+    core_send_discard = f[7];
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL,
-     "init(send, send_many, recv_start, recv_wait, release_payload)"},
+     "init(send, send_many, recv_start, recv_wait, release_payload, send_begin, unref, send_discard)"},
+    {"alloc_view", (PyCFunction)(void (*)(void))alloc_view, METH_FASTCALL, "alloc_view(h, key_bytes, form, dtype, shape)"},
     {"send_many", (PyCFunction)(void (*)(void))send_many, METH_FASTCALL, "send_many(h, batch, kinds)"},
     {"view", (PyCFunction)(void (*)(void))view, METH_FASTCALL, "view(h, info, dtype, shape, writable)"},
     {"recv", (PyCFunction)(void (*)(void))recv, METH_FASTCALL,
@@ -1239,7 +1352,8 @@ static int add_type(PyObject *module, const char *name, PyTypeObject *type) {
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
     import_array();
-    if (PyType_Ready(&PayloadType) < 0 || PyType_Ready(&MethodType) < 0 || PyType_Ready(&HandleType) < 0)
+    if (PyType_Ready(&PayloadType) < 0 || PyType_Ready(&ReservedType) < 0 || PyType_Ready(&MethodType) < 0 ||
+        PyType_Ready(&HandleType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (!module)
@@ -1257,8 +1371,8 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
         Py_DECREF(module);
         return NULL;
     }
-    if (add_type(module, "Payload", &PayloadType) < 0 || add_type(module, "Method", &MethodType) < 0 ||
-        add_type(module, "Handle", &HandleType) < 0)
+    if (add_type(module, "Payload", &PayloadType) < 0 || add_type(module, "Reserved", &ReservedType) < 0 ||
+        add_type(module, "Method", &MethodType) < 0 || add_type(module, "Handle", &HandleType) < 0)
         Py_CLEAR(module);
     return module;
 }

@@ -397,6 +397,42 @@ def unlink_segment(name: str) -> None:
         pass
 
 
+# alloc's (dtype, shape) arguments, as given, -> (numpy dtype, shape, torch), checked: a loop of one
+# kind of allocation checks it once. Only shapes that are tuples of ints are looked up (2.0 == 2).
+_alloc_kinds: Dict[Tuple[Any, Tuple[int, ...]], Tuple[np.dtype, Tuple[int, ...], bool]] = {}
+
+
+def _int_tuple(shape: Any) -> bool:
+    if type(shape) is not tuple:
+        return False
+    for d in shape:
+        if type(d) is not int:
+            return False
+    return True
+
+
+def _alloc_kind(key: str, dtype: Any, shape: Any) -> Tuple[np.dtype, Tuple[int, ...], bool]:
+    """alloc's dtype and shape, checked (InvalidType, InvalidArgument), and whether it gives torch tensors."""
+    tensor = is_torch_dtype(dtype)
+    if tensor:
+        dt = numpy_dtype(dtype, f"alloc {key!r}")
+    else:
+        try:
+            dt = np.dtype(dtype)
+        except (TypeError, ValueError) as exc:
+            raise InvalidType(f"alloc {key!r}: bad dtype {dtype!r}: {exc}") from exc
+    _dtype_code(dt)
+    kind = (dt, _shape_of(shape, dt.itemsize, f"alloc {key!r}"), tensor)
+    if _int_tuple(shape):
+        try:
+            if len(_alloc_kinds) >= _MAX_CACHED:
+                _alloc_kinds.clear()
+            _alloc_kinds[(dtype, shape)] = kind
+        except TypeError:
+            pass  # an unhashable dtype argument: checked each time
+    return kind
+
+
 class Allocation:
     """A reserved block of the arena, returned by ``Rendezvous.alloc``: a
     context manager whose ``__enter__`` reserves the block and returns a
@@ -427,6 +463,15 @@ class Allocation:
             raise RendezvousError("an Allocation can be opened only once")
         rdv, kb, dtype, shape = self._rdv, self._kb, self._dtype, self._shape
         h = rdv._handle()
+        fast_form = _fast_forms.get((dtype, shape))
+        if fast_form is not None:  # a form reserved or sent before: in C, if there is room now
+            got = fast.alloc_view(rdv._h_addr, kb, fast_form, dtype, shape)
+            if type(got) is tuple:
+                self._h = h
+                self._pos, buf = got
+                return as_tensor(buf) if self._tensor else buf
+            if got is not None:
+                self._fail_open(got, len(fast_form[1]) // 16, fast_form[2])
         form = _send_forms.get((dtype, shape)) or _send_form(dtype, shape)
         ndim, nbytes = form.ndim, form.nbytes
         out = ffi.new("uint64_t[2]")  # the block position, then the payload address
@@ -434,13 +479,17 @@ class Allocation:
         rc = _blocking(lambda ns: lib.rdv_send_begin(h, kb, len(kb), form.code, form.code_len, ndim, form.dims,
                                                      form.strides, nbytes, ns, out, payload), self._timeout_ns)
         if rc < 0:
-            timeout = None if self._timeout_ns < 0 else self._timeout_ns / 1e9
-            rdv._fail(rc, f"alloc {self._key!r}", partial(rdv._explain_space, f"alloc {self._key!r}", len(kb), ndim, nbytes, timeout))
+            self._fail_open(rc, ndim, nbytes)
         self._h, self._pos = h, out[0]
         buf = np.frombuffer(ffi.buffer(ffi.gc(payload[0], rdv._unref), nbytes), dtype=dtype)
         if ndim != 1:
             buf = buf.reshape(shape)
         return as_tensor(buf) if self._tensor else buf
+
+    def _fail_open(self, rc: int, ndim: int, nbytes: int) -> NoReturn:
+        rdv, timeout = self._rdv, None if self._timeout_ns < 0 else self._timeout_ns / 1e9
+        rdv._fail(rc, f"alloc {self._key!r}", partial(rdv._explain_space, f"alloc {self._key!r}", len(self._kb), ndim,
+                                                      nbytes, timeout))
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._h is None:
@@ -977,16 +1026,15 @@ class Rendezvous(fast.Handle):
         kb = _key_bytes(key)
         t = _timeout_ns(timeout)
         checked_mark = None if mark is None else _mark(mark)
-        tensor = is_torch_dtype(dtype)
-        if tensor:
-            dt = numpy_dtype(dtype, f"alloc {key!r}")
-        else:
+        kind = None
+        if _int_tuple(shape):
             try:
-                dt = np.dtype(dtype)
-            except (TypeError, ValueError) as exc:
-                raise InvalidType(f"alloc {key!r}: bad dtype {dtype!r}: {exc}") from exc
-        _dtype_code(dt)
-        shp = _shape_of(shape, dt.itemsize, f"alloc {key!r}")
+                kind = _alloc_kinds.get((dtype, shape))
+            except TypeError:
+                pass  # an unhashable dtype argument (a structured dtype's list, say)
+        if kind is None:
+            kind = _alloc_kind(key, dtype, shape)
+        dt, shp, tensor = kind
         if self._routes is not None:
             url = self._routes.url_for(key)
             if url is not None:

@@ -619,3 +619,87 @@ def test_a_process_of_one_thread_keeps_every_promise_of_recv(rdv_name):
     run = subprocess.run([sys.executable, "-c", ONE_THREAD_CHILD, rdv_name], capture_output=True, text=True,
                          timeout=100)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
+
+
+def test_alloc_of_a_known_form_reserves_in_c_and_sends_what_was_written(rdv, monkeypatch):
+    """The first alloc of a (dtype, shape) goes the Python way and teaches
+    the form; the next ones reserve in C: same arrays (writable, over the
+    segment), same messages, nothing left reserved."""
+    swap_caches(monkeypatch, _send_forms={}, _fast_forms={})
+    calls = []
+    real = _fastpath.alloc_view
+    monkeypatch.setattr(rendezvous.fast, "alloc_view", lambda *a: calls.append(a[2]) or real(*a), raising=False)
+    for dtype, shape in [("float32", (3,)), (">i2", (2, 2)), ("complex128", ()), ("uint8", (0,))]:
+        for i in range(3):
+            with rdv.alloc("k", shape, dtype) as buf:
+                assert buf.flags.writeable and buf.dtype == np.dtype(dtype) and buf.shape == shape
+                buf[...] = i
+                assert (type(buf.base) is _fastpath.Reserved) == (i > 0)
+            got = rdv.recv("k")
+            assert got.dtype == np.dtype(dtype) and got.shape == shape and np.all(got == i)
+            del got, buf
+    assert len(calls) == 8  # two of each form in C
+    assert rdv.stats().bytes_used == 0
+
+
+def test_alloc_in_c_with_no_room_waits_the_python_way_and_an_exception_frees_the_block(rdv_name):
+    with shmrdv.Rendezvous(rdv_name, create=True, size=64 << 10) as small:
+        try:
+            with small.alloc("k", (1000,), np.float64) as buf:  # the form, taught
+                buf[:] = 1
+            del buf
+            small.recv("k")
+            held = []
+            while True:  # fill the arena with views of the form, each reserved in C
+                try:
+                    with small.alloc("k", (1000,), np.float64, timeout=0) as buf:
+                        buf[:] = 2
+                except shmrdv.RendezvousTimeout as exc:
+                    assert "alloc 'k'" in str(exc)
+                    break
+                held.append(small.recv("k"))
+            assert held and all(type(v.base) is not type(None) for v in held)
+            with pytest.raises(shmrdv.RendezvousTimeout):
+                with small.alloc("k", (1000,), np.float64, timeout=0.05):
+                    pass
+            held.pop()
+            with pytest.raises(ZeroDivisionError):
+                with small.alloc("k", (1000,), np.float64, timeout=1) as buf:
+                    assert type(buf.base) is _fastpath.Reserved
+                    1 / 0
+            assert small.stats().pending_messages == 0
+            del held, buf
+            assert small.stats().bytes_used == 0
+        finally:
+            small.unlink()
+
+
+def test_an_array_alloc_made_in_c_keeps_the_segment_mapped_after_close(rdv_name):
+    rdv = shmrdv.Rendezvous(rdv_name, create=True, size=1 << 20)
+    try:
+        for i in range(2):
+            with rdv.alloc("k", (4,), np.int32) as buf:
+                buf[:] = 7
+        assert type(buf.base) is _fastpath.Reserved
+        rdv.close()
+        assert buf.sum() == 28  # still mapped: the array holds the handle
+        del buf
+        gc.collect()
+    finally:
+        shmrdv.Rendezvous(rdv_name, create=False).unlink()
+
+
+@pytest.mark.parametrize("shape, words", [((2.0,), "shape"), ((True, 2), "shape"), ([2, "x"], "shape")])
+def test_alloc_checks_every_shape_it_did_not_see_as_ints(rdv, shape, words):
+    """alloc remembers what a (dtype, shape) of ints gave; an equal shape of
+    other types (2.0 == 2, True == 1) is still checked, and so is a dtype
+    argument it cannot remember."""
+    with rdv.alloc("k", (2,), np.float32):
+        pass
+    with rdv.alloc("k", (1, 2), np.float32):
+        pass
+    with pytest.raises((shmrdv.InvalidArgument, shmrdv.InvalidType), match=words):
+        rdv.alloc("k", shape, np.float32)
+    for _ in range(2):  # an unhashable dtype argument (a structured dtype's list): checked each time
+        with pytest.raises(shmrdv.InvalidType, match="cannot be sent"):
+            rdv.alloc("s", (2,), [("a", "<i4"), ("b", "<f8")])
