@@ -92,6 +92,17 @@ static PyTypeObject PayloadType = {
     .tp_methods = payload_methods,
 };
 
+/* The dims of a shape tuple (at most RDV_NDIM_MAX, checked by the caller):
+ * 0, or -1 with an exception. */
+static int shape_dims(PyObject *shape, npy_intp *dims) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); i++) {
+        dims[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        if (dims[i] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
 /* An array of dtype and shape over info's payload, which it takes (info's
  * payload is cleared): the block is released when the array goes, or here
  * if the array cannot be made. NULL with an exception on failure. */
@@ -106,11 +117,8 @@ static PyObject *take_view(rdv_t *h, struct rdv_msg_info *info, PyObject *dtype,
     }
     npy_intp dims[RDV_NDIM_MAX];
     int nd = (int)PyTuple_GET_SIZE(shape);
-    for (int i = 0; i < nd; i++) {
-        dims[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
-        if (dims[i] == -1 && PyErr_Occurred())
-            return NULL;
-    }
+    if (shape_dims(shape, dims) < 0)
+        return NULL;
     Payload *owner = PyObject_New(Payload, &PayloadType);
     if (!owner)
         return NULL; /* info keeps the payload: the caller gives it back */
@@ -832,12 +840,9 @@ static PyObject *alloc_view(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_ValueError, "alloc_view: the form's dims do not match the shape");
         return NULL;
     }
-    npy_intp shape_dims[RDV_NDIM_MAX];
-    for (int i = 0; i < nd; i++) {
-        shape_dims[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
-        if (shape_dims[i] == -1 && PyErr_Occurred())
-            return NULL;
-    }
+    npy_intp dims_of[RDV_NDIM_MAX];
+    if (shape_dims(shape, dims_of) < 0)
+        return NULL;
     /* Made before the block is reserved: a failure then leaves nothing to
      * give back. */
     PyObject *out = PyTuple_New(2), *at = NULL;
@@ -864,7 +869,7 @@ static PyObject *alloc_view(PyObject *module, PyObject *const *args, Py_ssize_t 
     owner->h = h; /* the reference rdv_send_begin passed to the payload */
     Py_INCREF(owner); /* ours, whatever PyArray_SetBaseObject does on failure */
     Py_INCREF(dtype); /* PyArray_NewFromDescr steals it */
-    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, (PyArray_Descr *)dtype, nd, shape_dims, NULL, payload,
+    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, (PyArray_Descr *)dtype, nd, dims_of, NULL, payload,
                                          NPY_ARRAY_CARRAY, NULL);
     if (arr && PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)owner) == 0 &&
         (at = PyLong_FromUnsignedLongLong(pos))) {
