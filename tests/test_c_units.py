@@ -20,10 +20,10 @@ def _build_and_run(tmp_path, name: str, layer: str, timeout: float, below=BELOW_
 @pytest.mark.timeout(300)
 def test_arena_unit(tmp_path):
     """Random alloc/free against an invariant checker, order independence, a holder killed
-    before each store of a step (and of the repair after it), SIGKILL loops, positions,
+    before each store of a step (and of the repair after it), SIGKILL loops, positions, runs,
     allocation numbers unique across handles and threads."""
     run = _build_and_run(tmp_path, "unit_arena", "rdv_arena.c", timeout=180)
-    for part in ("positions: ok", "numbers:", "random: 200000 steps", "kill loop: 200 kills", "all passed"):
+    for part in ("positions: ok", "runs:", "numbers:", "random: 200000 steps", "kill loop: 200 kills", "all passed"):
         assert f"unit_arena: {part}" in run.stdout, run.stdout
 
 

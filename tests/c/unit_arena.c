@@ -359,11 +359,8 @@ static void check_stamp(rdv_t *h, const struct owned *o) {
 }
 
 /* Allocate nbytes and check what came back; 0 or the error. */
-static int take(rdv_t *h, uint64_t nbytes, struct owned *o) {
-    uint64_t pos;
-    int rc = rdv_arena_alloc(h, nbytes, &pos);
-    if (rc)
-        return rc;
+/* Check a block the allocator just gave for nbytes at pos, and own it in o. */
+static void adopt(rdv_t *h, uint64_t pos, uint64_t nbytes, struct owned *o) {
     uint64_t need = (nbytes + RDV_GRANULE - 1) / RDV_GRANULE;
     if (need < RDV_MIN_BLOCK)
         need = RDV_MIN_BLOCK;
@@ -384,6 +381,14 @@ static int take(rdv_t *h, uint64_t nbytes, struct owned *o) {
     o->len = len;
     o->stamp = rng();
     stamp(h, o);
+}
+
+static int take(rdv_t *h, uint64_t nbytes, struct owned *o) {
+    uint64_t pos;
+    int rc = rdv_arena_alloc(h, nbytes, &pos);
+    if (rc)
+        return rc;
+    adopt(h, pos, nbytes, o);
     return 0;
 }
 
@@ -1325,6 +1330,47 @@ static void test_positions(void) {
     drop_segment(h, fd);
 }
 
+/* ---- runs: blocks for a batch under one hold of the lock ------------------
+ * rdv_arena_alloc_run gives blocks for sizes in order, each as
+ * rdv_arena_alloc would, as many as fit now; never waits. */
+static void test_runs(void) {
+    phase = "runs";
+    int fd;
+    rdv_t *h = make_segment(64 << 10, &fd);
+    struct owned o[64];
+    uint64_t pos[64];
+    uint64_t sizes[] = {500, 64, 5000, 300};
+    CHECK(rdv_arena_alloc_run(h, sizes, 4, pos) == 4, "a run of four that fits");
+    for (int i = 0; i < 4; i++)
+        adopt(h, pos[i], sizes[i], &o[i]);
+    check_arena(h, 1);
+    for (int i = 0; i < 4; i++)
+        give(h, &o[i]);
+    check_empty(h);
+    /* more than fits: the blocks that fit, in order, and then no room */
+    uint64_t big[64];
+    for (int i = 0; i < 64; i++)
+        big[i] = 4000;
+    uint32_t k = rdv_arena_alloc_run(h, big, 64, pos);
+    CHECK(k >= 8 && k < 64, "a run larger than the arena: %u blocks", k);
+    for (uint32_t i = 0; i < k; i++)
+        adopt(h, pos[i], big[i], &o[i]);
+    check_arena(h, 1);
+    uint64_t extra;
+    CHECK(rdv_arena_alloc(h, 4000, &extra) == -ENOSPC, "the run stopped with room left");
+    for (uint32_t i = 0; i < k; i++)
+        give(h, &o[i]);
+    check_empty(h);
+    /* a size the arena can never hold ends the run there */
+    uint64_t odd[] = {64, (uint64_t)h->granules * RDV_GRANULE + 64, 64};
+    CHECK(rdv_arena_alloc_run(h, odd, 3, pos) == 1, "a run ends at a size that can never fit");
+    adopt(h, pos[0], odd[0], &o[0]);
+    give(h, &o[0]);
+    check_empty(h);
+    printf("unit_arena: runs: %u of 64 fitted, ok\n", k);
+    drop_segment(h, fd);
+}
+
 /* ---- 5. allocation numbers --------------------------------------------------
  * Handles reserve them from the segment in ranges that grow (1, 1, 2, 4,
  * ...) up to RDV_SEQ_BATCH: unique across handles and threads, growing
@@ -1428,6 +1474,7 @@ int main(void) {
     printf("unit_arena: seed 0x%llx\n", (unsigned long long)seed0);
     int64_t t0 = rdv_now_ns();
     test_positions();
+    test_runs();
     test_numbers();
     test_random();
     test_order();
