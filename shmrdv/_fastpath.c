@@ -867,19 +867,26 @@ static PyObject *alloc_view(PyObject *module, PyObject *const *args, Py_ssize_t 
         return PyLong_FromLong(rc);
     }
     owner->h = h; /* the reference rdv_send_begin passed to the payload */
-    Py_INCREF(owner); /* ours, whatever PyArray_SetBaseObject does on failure */
     Py_INCREF(dtype); /* PyArray_NewFromDescr steals it */
     PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, (PyArray_Descr *)dtype, nd, dims_of, NULL, payload,
                                          NPY_ARRAY_CARRAY, NULL);
-    if (arr && PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)owner) == 0 &&
-        (at = PyLong_FromUnsignedLongLong(pos))) {
+    /* Ours until the array holds it: PyArray_SetBaseObject takes one
+     * reference, even when it fails. */
+    Py_INCREF(owner);
+    if (arr && PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)owner) < 0) {
+        Py_DECREF(arr);
+        arr = NULL;
+    } else if (!arr) {
+        Py_DECREF(owner); /* the one the array would have taken */
+    }
+    if (arr && (at = PyLong_FromUnsignedLongLong(pos))) {
         Py_DECREF(owner);
         PyTuple_SET_ITEM(out, 0, at);
         PyTuple_SET_ITEM(out, 1, arr);
         return out;
     }
-    /* no array to hand out: the block goes back, unsent, before the
-     * reference that keeps the segment mapped */
+    /* no array to hand out: the block goes back, unsent, while our
+     * reference still keeps the segment mapped */
     core_send_discard(h, pos);
     Py_XDECREF(arr);
     Py_DECREF(owner);
