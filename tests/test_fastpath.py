@@ -703,3 +703,33 @@ def test_alloc_checks_every_shape_it_did_not_see_as_ints(rdv, shape, words):
     for _ in range(2):  # an unhashable dtype argument (a structured dtype's list): checked each time
         with pytest.raises(shmrdv.InvalidType, match="cannot be sent"):
             rdv.alloc("s", (2,), [("a", "<i4"), ("b", "<f8")])
+
+
+def _mapped(name: str) -> bool:
+    with open("/proc/self/maps") as maps:
+        return any(line.rstrip().endswith(rendezvous.SEGMENT_PREFIX + name) for line in maps)
+
+
+def test_alloc_view_that_can_make_no_array_gives_the_block_and_the_mapping_back(rdv_name):
+    """A reservation whose array cannot be made (here a shape numpy
+    refuses) frees the block, and holds no reference that would keep the
+    segment mapped once the Rendezvous is closed."""
+    from shmrdv.codec import key_bytes
+
+    rdv = shmrdv.Rendezvous(rdv_name, create=True, size=1 << 20)
+    try:
+        with rdv.alloc("k", (4,), np.float32):
+            pass  # the form, taught
+        rdv.recv("k")  # taken and dropped
+        form = rendezvous._fast_forms[(np.dtype(np.float32), (4,))]
+        for _ in range(3):
+            with pytest.raises(ValueError):
+                _fastpath.alloc_view(rdv._h_addr, key_bytes("k"), form, np.dtype(np.float32), (-1,))
+        assert rdv.stats().bytes_used == 0 and rdv.stats().pending_messages == 0
+        assert _mapped(rdv_name)
+        rdv.close()
+        gc.collect()
+        assert not _mapped(rdv_name)
+    finally:
+        rdv.close()
+        shmrdv.Rendezvous(rdv_name, create=False).unlink()
