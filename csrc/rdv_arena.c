@@ -652,25 +652,30 @@ uint64_t rdv_arena_largest_run(rdv_t *h) {
     return longest * RDV_GRANULE;
 }
 
+/* A block of need granules from the free lists, the lock held: 0, -ENOSPC,
+ * or list_remove's code if the lists stay damaged after a repair. */
+static int cut(rdv_t *h, uint32_t need, uint64_t *pos) {
+    int rc = -ENOSPC;
+    for (int tries = 0; tries < 2; tries++) {
+        uint32_t g = find(h, need);
+        if (g == NONE)
+            return -ENOSPC;
+        uint32_t len = free_len_at(h, g);
+        rc = list_remove(h, g, len);
+        if (rc == 0) {
+            *pos = carve(h, g, len, need);
+            return 0;
+        }
+        rdv_arena_repair(h); /* damaged lists: rebuilt from the chain, then once more */
+    }
+    return rc;
+}
+
 /* A block of need granules from the free lists, under the lock. */
 static int alloc_from_lists(rdv_t *h, uint32_t need, uint64_t *pos) {
     struct rdv_arena_ctl *ka = &h->khdr->arena;
     rdv_lock(h, &ka->lock);
-    int rc = -ENOSPC;
-    for (int tries = 0; tries < 2; tries++) {
-        uint32_t g = find(h, (uint32_t)need);
-        if (g == NONE) {
-            rc = -ENOSPC;
-            break;
-        }
-        uint32_t len = free_len_at(h, g);
-        rc = list_remove(h, g, len);
-        if (rc == 0) {
-            *pos = carve(h, g, len, (uint32_t)need);
-            break;
-        }
-        rdv_arena_repair(h); /* damaged lists: rebuilt from the chain, then once more */
-    }
+    int rc = cut(h, need, pos);
     rdv_unlock(h, &ka->lock);
     return rc;
 }
@@ -687,18 +692,10 @@ uint32_t rdv_arena_alloc_run(rdv_t *h, const uint64_t *nbytes, uint32_t n, uint6
     rdv_lock(h, &ka->lock);
     /* Each block is its own step, as a lone allocation's is: a death
      * between two leaves the ones cut so far ours, WRITING, to reclaim. */
-    for (int tries = 0; k < n && tries < 2;) {
+    for (; k < n; k++) {
         uint64_t need = granules_for(nbytes[k]);
-        uint32_t g = need <= h->granules ? find(h, (uint32_t)need) : NONE;
-        if (g == NONE)
+        if (need > h->granules || cut(h, (uint32_t)need, &pos[k]) < 0)
             break;
-        uint32_t len = free_len_at(h, g);
-        if (list_remove(h, g, len) < 0) {
-            rdv_arena_repair(h); /* damaged lists: rebuilt from the chain, then once more */
-            tries++;
-            continue;
-        }
-        pos[k++] = carve(h, g, len, (uint32_t)need);
     }
     rdv_unlock(h, &ka->lock);
     return k;
