@@ -705,17 +705,14 @@ static int commit_run(rdv_t *h, const uint64_t *pos, uint32_t n, const uint64_t 
         *sent += n;
         return 0;
     }
-    int first_rc = 0;
+    int rc = 0;
     for (uint32_t i = 0; i < n; i++) {
-        int rc = first_rc ? first_rc : do_send_commit(h, pos[i], hash);
-        if (rc < 0 && !first_rc)
-            first_rc = rc;
-        else if (first_rc) /* after a failure nothing more is sent: its block goes */
-            rdv_arena_free(h, pos[i]);
-        else
+        if (rc < 0)
+            rdv_arena_free(h, pos[i]); /* after a failure nothing more is sent */
+        else if ((rc = do_send_commit(h, pos[i], hash)) == 0)
             (*sent)++;
     }
-    return first_rc;
+    return rc;
 }
 
 /* The items as sends, in order, in runs of one key: a run's blocks are
