@@ -103,6 +103,23 @@ static int shape_dims(PyObject *shape, npy_intp *dims) {
     return 0;
 }
 
+/* An array of dtype, nd dims at data (flags: NPY_ARRAY_CARRAY or _RO),
+ * whose base is owner: the array, or NULL with an exception. owner is
+ * taken either way (released when the array cannot be made). */
+static PyObject *array_over(PyObject *dtype, int nd, npy_intp *dims, void *data, int flags, PyObject *owner) {
+    Py_INCREF(dtype); /* PyArray_NewFromDescr steals it */
+    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, (PyArray_Descr *)dtype, nd, dims, NULL, data, flags, NULL);
+    if (!arr) {
+        Py_DECREF(owner);
+        return NULL;
+    }
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, owner) < 0) { /* takes owner, even when it fails */
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
 /* An array of dtype and shape over info's payload, which it takes (info's
  * payload is cleared): the block is released when the array goes, or here
  * if the array cannot be made. NULL with an exception on failure. */
@@ -125,18 +142,8 @@ static PyObject *take_view(rdv_t *h, struct rdv_msg_info *info, PyObject *dtype,
     owner->h = h;
     owner->payload = info->payload;
     info->payload = NULL; /* the owner's now: released even if we fail below */
-    Py_INCREF(dtype); /* PyArray_NewFromDescr steals it */
-    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, (PyArray_Descr *)dtype, nd, dims, NULL, owner->payload,
-                                         writable ? NPY_ARRAY_CARRAY : NPY_ARRAY_CARRAY_RO, NULL);
-    if (!arr) {
-        Py_DECREF(owner);
-        return NULL;
-    }
-    if (PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)owner) < 0) { /* steals owner */
-        Py_DECREF(arr);
-        return NULL;
-    }
-    return arr;
+    return array_over(dtype, nd, dims, owner->payload, writable ? NPY_ARRAY_CARRAY : NPY_ARRAY_CARRAY_RO,
+                      (PyObject *)owner);
 }
 
 /* ---- Reserved: the owner of an alloc'd block's mapping -------------------- */
@@ -867,18 +874,10 @@ static PyObject *alloc_view(PyObject *module, PyObject *const *args, Py_ssize_t 
         return PyLong_FromLong(rc);
     }
     owner->h = h; /* the reference rdv_send_begin passed to the payload */
-    Py_INCREF(dtype); /* PyArray_NewFromDescr steals it */
-    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, (PyArray_Descr *)dtype, nd, dims_of, NULL, payload,
-                                         NPY_ARRAY_CARRAY, NULL);
-    /* Ours until the array holds it: PyArray_SetBaseObject takes one
-     * reference, even when it fails. */
+    /* One reference of ours besides the one array_over takes: if we fail,
+     * the block goes back before the segment may be let go. */
     Py_INCREF(owner);
-    if (arr && PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)owner) < 0) {
-        Py_DECREF(arr);
-        arr = NULL;
-    } else if (!arr) {
-        Py_DECREF(owner); /* the one the array would have taken */
-    }
+    PyObject *arr = array_over(dtype, nd, dims_of, payload, NPY_ARRAY_CARRAY, (PyObject *)owner);
     if (arr && (at = PyLong_FromUnsignedLongLong(pos))) {
         Py_DECREF(owner);
         PyTuple_SET_ITEM(out, 0, at);
@@ -1299,7 +1298,8 @@ static PyObject *gil_held_waits(PyObject *module, PyObject *unused) {
     return Py_BuildValue("(KK)", held_waits, held_served);
 }
 
-/* init(send, send_many, recv_start, recv_wait, release_payload): the core's functions, by address. */
+/* init(send, send_many, recv_start, recv_wait, release_payload, send_begin, unref, send_discard): the
+ * core's functions, by address. */
 static PyObject *init(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     void *f[8];
