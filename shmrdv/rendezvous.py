@@ -411,8 +411,9 @@ def _int_tuple(shape: Any) -> bool:
     return True
 
 
-def _alloc_kind(key: str, dtype: Any, shape: Any) -> Tuple[np.dtype, Tuple[int, ...], bool]:
-    """alloc's dtype and shape, checked (InvalidType, InvalidArgument), and whether it gives torch tensors."""
+def _alloc_kind(key: str, dtype: Any, shape: Any, remember: bool) -> Tuple[np.dtype, Tuple[int, ...], bool]:
+    """alloc's dtype and shape, checked (InvalidType, InvalidArgument), and whether it gives torch tensors;
+    remembered in _alloc_kinds if `remember` (shape a tuple of ints)."""
     tensor = is_torch_dtype(dtype)
     if tensor:
         dt = numpy_dtype(dtype, f"alloc {key!r}")
@@ -423,7 +424,7 @@ def _alloc_kind(key: str, dtype: Any, shape: Any) -> Tuple[np.dtype, Tuple[int, 
             raise InvalidType(f"alloc {key!r}: bad dtype {dtype!r}: {exc}") from exc
     _dtype_code(dt)
     kind = (dt, _shape_of(shape, dt.itemsize, f"alloc {key!r}"), tensor)
-    if _int_tuple(shape):
+    if remember:
         try:
             if len(_alloc_kinds) >= _MAX_CACHED:
                 _alloc_kinds.clear()
@@ -1026,14 +1027,14 @@ class Rendezvous(fast.Handle):
         kb = _key_bytes(key)
         t = _timeout_ns(timeout)
         checked_mark = None if mark is None else _mark(mark)
-        kind = None
-        if _int_tuple(shape):
+        kind, ints = None, _int_tuple(shape)
+        if ints:
             try:
                 kind = _alloc_kinds.get((dtype, shape))
             except TypeError:
                 pass  # an unhashable dtype argument (a structured dtype's list, say)
         if kind is None:
-            kind = _alloc_kind(key, dtype, shape)
+            kind = _alloc_kind(key, dtype, shape, ints)
         dt, shp, tensor = kind
         if self._routes is not None:
             url = self._routes.url_for(key)
