@@ -25,15 +25,19 @@ static void count_hold(rdv_t *h, uint32_t who, int delta) {
     uint32_t e = who - 1;
     if (e >= RDV_MAX_PROCS)
         return;
-    if (mine.h != h) {
+    /* One look-up of the thread's block: in a shared library each is a call
+     * (__tls_get_addr), which gcc would otherwise repeat at every use. */
+    __typeof__(mine) *m = &mine;
+    __asm__("" : "+r"(m));
+    if (m->h != h) {
         /* Another handle: its counts start from here (a thread holds no lock
          * of one segment while it locks another's). */
-        mine.h = h;
-        memset(mine.held, 0, sizeof mine.held);
+        m->h = h;
+        memset(m->held, 0, sizeof m->held);
     }
-    if (delta < 0 && mine.held[e] == 0)
+    if (delta < 0 && m->held[e] == 0)
         return; /* not counted by us (a dead holder's lock we free): see rdv_lock_forget */
-    mine.held[e] = (uint16_t)(mine.held[e] + delta);
+    m->held[e] = (uint16_t)(m->held[e] + delta);
     /* seq_cst: an increment is visible before the CAS that takes the lock,
      * a decrement only after the store that frees it, so the count covers
      * every moment the word names the entry; pairs with the seq_cst load in
