@@ -3,10 +3,15 @@
  * on CPU 1 ("apart", the default) or on CPU 0 ("same"). What a shmrdv round
  * trip costs below the Python layer, and so what a change of the core's
  * hand-off can win: compare it with `shmrdv bench`'s round trip and with
- * line_pingpong.c's cache-line floor, measured in the same minutes.
+ * line_pingpong.c's floors, measured in the same minutes.
+ *
+ * "local": one process, on CPU 0, sends a message and receives it back on
+ * one key, again and again: the core's own work for one message (send,
+ * receive, release), with no line moved to another CPU. A round trip apart
+ * costs about twice this plus the lines its two messages move.
  *
  *   gcc -O2 -std=gnu11 -Icsrc -o /tmp/core_pingpong benchmarks/core_pingpong.c csrc/rdv_*.c -lpthread
- *   /tmp/core_pingpong [round trips] [apart|same]
+ *   /tmp/core_pingpong [round trips] [apart|same|local]
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -45,9 +50,22 @@ static void leg(rdv_t *h, const char *in, const char *out, int send_first, char 
         check(rdv_send(h, out, 4, "<f4", 3, 1, shape, strides, buf, 64, -1), "send");
 }
 
+/* The local mode: n messages sent and received by one process. */
+static void local(rdv_t *h, long n, long warmup, char *buf) {
+    pin(0);
+    for (long i = 0; i < warmup; i++)
+        leg(h, "ping", "ping", 1, buf);
+    uint64_t t0 = now_ns();
+    for (long i = 0; i < n; i++)
+        leg(h, "ping", "ping", 1, buf);
+    printf("core 64 B send + receive + release, one process: %.0f ns (mean of %ld)\n",
+           (double)(now_ns() - t0) / n, n);
+}
+
 int main(int argc, char **argv) {
     long n = argc > 1 ? atol(argv[1]) : 200000;
-    int apart = !(argc > 2 && strcmp(argv[2], "same") == 0);
+    const char *mode = argc > 2 ? argv[2] : "apart";
+    int apart = strcmp(mode, "same") != 0;
     const long warmup = 1000;
     char name[64], buf[64] = {0};
     snprintf(name, sizeof name, "/shmrdv-core-pingpong-%d", (int)getpid());
@@ -61,6 +79,11 @@ int main(int argc, char **argv) {
     if (rc < 0) {
         shm_unlink(name);
         check(rc, "rdv_create");
+    }
+    if (strcmp(mode, "local") == 0) {
+        local(h, n, warmup, buf);
+        shm_unlink(name);
+        return 0;
     }
     pid_t child = fork();
     if (child == 0) {

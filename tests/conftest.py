@@ -72,10 +72,10 @@ def build_sanitized(program: Path, exe: Path, sources=None) -> None:
     )
 
 
-def run_c_program(exe: Path, segment_prefix: str, timeout: float) -> subprocess.CompletedProcess:
-    """Run a program built by build_sanitized; afterwards remove the segment it names after its
-    pid (``/shmrdv-<segment_prefix>-<pid>``), in case it died before unlinking it."""
-    process = subprocess.Popen([str(exe)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run_c_program(exe: Path, segment_prefix: str, timeout: float, *args: str) -> subprocess.CompletedProcess:
+    """Run a program built by build_sanitized, with args; afterwards remove the segment it names
+    after its pid (``/shmrdv-<segment_prefix>-<pid>``), in case it died before unlinking it."""
+    process = subprocess.Popen([str(exe), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = process.communicate(timeout=timeout)
     finally:
