@@ -50,8 +50,10 @@ struct rdv {
     /* One mark change at a time: our entry has one mark record. */
     pthread_mutex_t mark_lock;
     /* One key-count change at a time among our threads: an entry's
-     * key_count records one insert or delete in progress (rdv_index.c). */
-    pthread_mutex_t key_count_lock;
+     * key_count records one insert or delete in progress (rdv_index.c).
+     * A spin word, 1 while a thread of ours has one in progress: the
+     * change is a handful of stores with no wait in it. */
+    uint32_t key_count_busy;
     int acting;         /* registering into a full table: me is the dead entry being reclaimed */
     pid_t pid;          /* the process that attached: in a forked child the handle is inert */
     uint32_t reaped;    /* dead processes this handle reclaimed, and the first pids */

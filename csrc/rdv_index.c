@@ -11,7 +11,8 @@
  *
  * At most max_keys keys are live at once. Each insert and delete is counted
  * in the process entry of the slot lock's holder (key_count: its net count
- * and the change in progress, one word, under the handle's key_count_lock),
+ * and the change in progress, one word, one change at a time among the
+ * handle's threads: key_count_busy),
  * so a reclaimer knows from that word and the slot's state alone whether a
  * dead holder's change happened (rdv_index_count_repair). The exact count is
  * the sum over all entries. keys_approx, a running total updated after an
@@ -20,12 +21,12 @@
  * that finds it under max_keys is admitted without summing, and only one that
  * does not sums, under keys_lock. */
 #include <errno.h>
-#include <pthread.h>
 #include <string.h>
 
 #include "rdv_atomic.h"
 #include "rdv_index.h"
 #include "rdv_lock.h"
+#include "rdv_os.h"
 
 /* ---- hashing ---------------------------------------------------------------
  * Two independent 64-bit hashes per key (seeded per segment at creation). */
@@ -117,12 +118,23 @@ static uint64_t *count_word(rdv_t *h, uint32_t idx) {
 }
 
 /* Begin a change of delta keys at slot idx (its lock held): the net count
- * and the change in progress, in one store. Holds key_count_lock until
- * count_end: no waits in between. */
+ * and the change in progress, in one store. Holds key_count_busy until
+ * count_end: no waits in between, so a thread of ours that finds it taken
+ * spins (yielding now and then: the holder may be preempted). */
 static void count_begin(rdv_t *h, uint32_t idx, int delta) {
     uint64_t *kw = count_word(h, idx);
-    pthread_mutex_lock(&h->key_count_lock);
-    uint64_t w = READ_ONCE(*kw); /* relaxed: only we write it, under our mutex */
+    for (unsigned spins = 1;; spins++) {
+        uint32_t idle = 0;
+        /* acquire: pairs with the release in count_end; the previous
+         * change's stores to the count word are visible to us.
+         * Process-local word. */
+        if (READ_ONCE(h->key_count_busy) == 0 && rdv_cas(&h->key_count_busy, &idle, 1, __ATOMIC_ACQUIRE))
+            break;
+        rdv_cpu_relax();
+        if (spins % 64 == 0)
+            rdv_yield();
+    }
+    uint64_t w = READ_ONCE(*kw); /* relaxed: only we write it, holding key_count_busy */
     /* relaxed: read by a reclaimer only after we died (the kernel's lock
      * release orders it), and by sums that need no more than a fresh value */
     WRITE_ONCE(*kw, RDV_KC_WORD(RDV_KC_NET(w) + delta, (idx + 1) | (delta < 0 ? RDV_KC_DELETE : 0)));
@@ -133,7 +145,7 @@ static void count_end(rdv_t *h, uint32_t idx, int undo) {
     uint64_t *kw = count_word(h, idx);
     uint64_t w = READ_ONCE(*kw); /* relaxed: as in count_begin */
     WRITE_ONCE(*kw, RDV_KC_WORD(RDV_KC_NET(w) + undo, 0));
-    pthread_mutex_unlock(&h->key_count_lock);
+    smp_store_release(&h->key_count_busy, 0); /* release: our stores above before the next change's */
 }
 
 /* The sum of every entry's net count. Each is kept modulo 2^37 (an entry

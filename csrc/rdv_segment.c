@@ -127,7 +127,6 @@ static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
     h->refs = 1;
     h->pid = rdv_pid();
     pthread_mutex_init(&h->mark_lock, NULL);
-    pthread_mutex_init(&h->key_count_lock, NULL);
     pthread_mutex_init(&h->waiter_lock, NULL);
     pthread_mutex_init(&h->want_lock, NULL);
     h->fd = -1; /* rdv_segment_lock_fd */
