@@ -71,6 +71,13 @@ struct rdv {
     uint32_t n_slabs, cap_slabs;
     uint32_t *free_waiters;
     uint32_t n_free, cap_free;
+    /* One free record kept out of the pool, taken and put back with an
+     * exchange and no lock (a receive's record, freed and taken again by
+     * the next), or 0; and whether our home slab is set up (1 from its
+     * setup until the pool is dropped), which rdv_waiter_ours trusts
+     * without the lock. */
+    uint32_t spare_waiter;
+    uint32_t home_slab_ready;
     uint32_t any_turn; /* where the next rdv_recv_any_start begins its turn */
     /* Our producers short of space (rdv_arena_want_space): the first sets
      * our bit of arena.space_wanting, the last clears it */

@@ -3,8 +3,10 @@
  * Each handle allocates its records from slabs of its own: arena blocks of
  * stage RDV_MSG_WAITERS owned by its process entry, so that its death frees
  * them with its other blocks (after recovery has unlinked every record).
- * Which records are free is process-local (a mutex and an array); senders
- * only ever reach a record through a waiter queue, under the slot's lock.
+ * Which records are free is process-local (a mutex and an array, and one
+ * spare record beside them that a receive takes and frees with an
+ * exchange); senders only ever reach a record through a waiter queue,
+ * under the slot's lock.
  *
  * A waiter queue is doubly linked through next and prev. Its forward links
  * from w_head are the truth: every change makes the forward chain right
@@ -86,6 +88,10 @@ static int add_slab(rdv_t *h) {
     /* release: a slab's records are initialised before anyone (a reclaimer,
      * our poll) looks at it as one */
     smp_store_release(&m->stage, RDV_MSG_WAITERS);
+    if (h->n_slabs == 0)
+        /* release: pairs with the acquire in rdv_waiter_ours; set before
+         * any record of the slab is handed out */
+        smp_store_release(&h->home_slab_ready, 1);
     /* kept sorted, for rdv_waiter_ours */
     uint32_t at = h->n_slabs;
     while (at > 0 && h->slabs[at - 1] > g + 1) {
@@ -98,6 +104,11 @@ static int add_slab(rdv_t *h) {
 }
 
 int rdv_waiter_ours(rdv_t *h, uint32_t link) {
+    /* A record of our home slab is ours while we are attached: no lock */
+    uint32_t home = home_granule(h, h->me) + 1;
+    if (link >= home + RDV_SLAB_FIRST && link < home + RDV_SLAB_GRANULES &&
+        smp_load_acquire(&h->home_slab_ready)) /* acquire: as in add_slab; process-local */
+        return 1;
     pthread_mutex_lock(&h->waiter_lock);
     uint32_t lo = 0, hi = h->n_slabs; /* the last slab starting at or before link */
     while (lo < hi) {
@@ -113,25 +124,41 @@ int rdv_waiter_ours(rdv_t *h, uint32_t link) {
     return ours;
 }
 
+/* A free record of ours, handed out: initialised. */
+static void init_record(rdv_t *h, uint32_t link) {
+    struct rdv_waiter *w = rdv_waiter_at(h, link);
+    w->group = link;
+    w->next = w->prev = w->slot = 0;
+    w->flags = 0;
+    w->won = w->sibling = 0;
+    /* relaxed, both: nobody else reaches the record until it is linked
+     * (under a slot lock, which publishes it), but the send that handed
+     * its last message may still be reading them, to wake whoever slept on
+     * it (after its unlock, rdv_waiter_wake_now): a wake of the reused
+     * record, at most, which its waiter takes for a spurious one */
+    WRITE_ONCE(w->sleeping, 0);
+    WRITE_ONCE(w->state, RDV_WAITER_WAITING);
+}
+
 /* Hand out n free records (there are), initialised. waiter_lock held. */
 static void take_free(rdv_t *h, uint32_t n, uint32_t *links) {
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t link = h->free_waiters[--h->n_free];
-        struct rdv_waiter *w = rdv_waiter_at(h, link);
-        w->group = link;
-        w->next = w->prev = w->slot = 0;
-        w->flags = 0;
-        w->won = w->sibling = 0;
-        w->sleeping = 0;
-        /* relaxed: nobody else reaches the record until it is linked
-         * (under a slot lock, which publishes it) */
-        WRITE_ONCE(w->state, RDV_WAITER_WAITING);
-        links[i] = link;
+        links[i] = h->free_waiters[--h->n_free];
+        init_record(h, links[i]);
     }
+}
+
+/* The spare record back into the array, if there is one. waiter_lock held. */
+static void pool_spare(rdv_t *h) {
+    /* acquire: pairs with the exchange in rdv_waiter_free; process-local */
+    uint32_t spare = rdv_exchange(&h->spare_waiter, 0, __ATOMIC_ACQUIRE);
+    if (spare)
+        h->free_waiters[h->n_free++] = spare; /* room: every record came from a slab */
 }
 
 int rdv_waiter_alloc(rdv_t *h, uint32_t n, uint32_t *links) {
     pthread_mutex_lock(&h->waiter_lock);
+    pool_spare(h);
     int rc = 0;
     while (rc == 0 && h->n_free < n)
         rc = add_slab(h);
@@ -142,6 +169,14 @@ int rdv_waiter_alloc(rdv_t *h, uint32_t n, uint32_t *links) {
 }
 
 int rdv_waiter_alloc_cached(rdv_t *h, uint32_t *link) {
+    /* acquire: pairs with the exchange in rdv_waiter_free, which made the
+     * record free; process-local */
+    uint32_t spare = rdv_exchange(&h->spare_waiter, 0, __ATOMIC_ACQUIRE);
+    if (spare) {
+        init_record(h, spare);
+        *link = spare;
+        return 1;
+    }
     /* trylock: a thread of ours holding it may be in add_slab, waiting on
      * the arena's lock, whose dead holder's repair takes slot locks */
     if (pthread_mutex_trylock(&h->waiter_lock) != 0)
@@ -154,14 +189,24 @@ int rdv_waiter_alloc_cached(rdv_t *h, uint32_t *link) {
 }
 
 void rdv_waiter_free(rdv_t *h, uint32_t n, const uint32_t *links) {
-    pthread_mutex_lock(&h->waiter_lock);
-    for (uint32_t i = 0; i < n; i++) {
-        struct rdv_waiter *w = rdv_waiter_at(h, links[i]);
+    for (uint32_t i = 0; i < n; i++)
         /* relaxed: unlinked everywhere, so only we (and our poll, under
          * waiter_lock) read it */
-        WRITE_ONCE(w->state, RDV_WAITER_FREE);
-        h->free_waiters[h->n_free++] = links[i]; /* room: every record came from a slab */
-    }
+        WRITE_ONCE(rdv_waiter_at(h, links[i])->state, RDV_WAITER_FREE);
+    if (n == 0)
+        return;
+    /* The first becomes the spare, with no lock if there was none; the
+     * rest (and a spare it replaced) go back into the array.
+     * acq_rel: publishes its FREE state to the thread that takes it (its
+     * acquire exchange), and takes the one it replaces; process-local */
+    uint32_t out = rdv_exchange(&h->spare_waiter, links[0], __ATOMIC_ACQ_REL);
+    if (out == 0 && n == 1)
+        return;
+    pthread_mutex_lock(&h->waiter_lock);
+    if (out)
+        h->free_waiters[h->n_free++] = out; /* room: every record came from a slab */
+    for (uint32_t i = 1; i < n; i++)
+        h->free_waiters[h->n_free++] = links[i];
     pthread_mutex_unlock(&h->waiter_lock);
 }
 
@@ -170,6 +215,7 @@ void rdv_waiter_pool_drop(rdv_t *h) {
     free(h->free_waiters);
     h->slabs = h->free_waiters = NULL;
     h->n_slabs = h->cap_slabs = h->n_free = h->cap_free = 0;
+    h->spare_waiter = h->home_slab_ready = 0;
 }
 
 /* ---- the waiter queue (slot lock held) ---------------------------------- */

@@ -51,12 +51,14 @@ def child_processes() -> list:
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def build_sanitized(program: Path, exe: Path, sources=None) -> None:
+def build_sanitized(program: Path, exe: Path, sources=None, threads: bool = False) -> None:
     """Compile the C core with one of the C test programs in tests/c/ under AddressSanitizer
     and UBSan (any finding aborts it); skip the test when there is no C compiler.
 
     sources: the csrc/ files to link (names such as "rdv_arena.c"), for a unit test of a few
-    layers; by default every one of them."""
+    layers; by default every one of them. threads: under ThreadSanitizer instead (a data race
+    between threads of one process aborts it; -Wno-tsan: it warns that it does not model
+    fences, which the core's cross-process handshakes use)."""
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler to build the sanitized core")
@@ -64,10 +66,11 @@ def build_sanitized(program: Path, exe: Path, sources=None) -> None:
         paths = sorted(str(p) for p in (ROOT / "csrc").glob("*.c"))
     else:
         paths = [str(ROOT / "csrc" / name) for name in sources]
+    sanitize = (["-fsanitize=thread", "-Wno-tsan"] if threads else
+                ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-Werror"])
     subprocess.run(
-        [cc, "-std=gnu11", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-         "-fno-omit-frame-pointer", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'csrc'}",
-         *paths, str(program), "-o", str(exe), "-lrt"],
+        [cc, "-std=gnu11", "-O1", "-g", *sanitize, "-fno-omit-frame-pointer", "-Wall", "-Wextra",
+         f"-I{ROOT / 'csrc'}", *paths, str(program), "-o", str(exe), "-lrt", "-lpthread"],
         check=True, timeout=240,
     )
 
