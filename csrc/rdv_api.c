@@ -428,7 +428,7 @@ static int do_recv_start(rdv_t *h, const char *key, uint32_t key_len, int64_t ti
         }
     }
     struct rdv_waiter *w = rdv_waiter_at(h, link);
-    w->flags = async ? RDV_WAITER_ASYNC : 0;
+    WRITE_ONCE(w->flags, async ? RDV_WAITER_ASYNC : 0); /* relaxed: as in rdv_waiter.c's init_record */
     rdv_waiter_link(h, idx, link);
     rdv_index_release(h, idx);
     *waiter = link;
@@ -499,9 +499,9 @@ static int do_recv_any_start(rdv_t *h, const char *keys, const uint32_t *key_len
     uint32_t leader = links[0];
     for (uint32_t i = 0; i < nkeys; i++) {
         struct rdv_waiter *w = rdv_waiter_at(h, links[i]);
-        w->group = leader;
+        WRITE_ONCE(w->group, leader); /* relaxed, both: as in rdv_waiter.c's init_record */
         w->sibling = i + 1 < nkeys ? links[i + 1] : 0;
-        w->flags = async ? RDV_WAITER_ASYNC : 0;
+        WRITE_ONCE(w->flags, async ? RDV_WAITER_ASYNC : 0);
     }
     struct rdv_waiter *l = rdv_waiter_at(h, leader);
     for (uint32_t j = 0; j < nkeys; j++) {

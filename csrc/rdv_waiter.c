@@ -127,9 +127,11 @@ int rdv_waiter_ours(rdv_t *h, uint32_t link) {
 /* A free record of ours, handed out: initialised. */
 static void init_record(rdv_t *h, uint32_t link) {
     struct rdv_waiter *w = rdv_waiter_at(h, link);
-    w->group = link;
+    /* relaxed: our poll (async_handed) may read these of a record it saw
+     * HANDED in its last use, while we set it up for its next */
+    WRITE_ONCE(w->group, link);
+    WRITE_ONCE(w->flags, 0);
     w->next = w->prev = w->slot = 0;
-    w->flags = 0;
     w->won = w->sibling = 0;
     /* relaxed, both: nobody else reaches the record until it is linked
      * (under a slot lock, which publishes it), but the send that handed
@@ -190,8 +192,9 @@ int rdv_waiter_alloc_cached(rdv_t *h, uint32_t *link) {
 
 void rdv_waiter_free(rdv_t *h, uint32_t n, const uint32_t *links) {
     for (uint32_t i = 0; i < n; i++)
-        /* relaxed: unlinked everywhere, so only we (and our poll, under
-         * waiter_lock) read it */
+        /* relaxed: unlinked everywhere, so only our threads read it (our
+         * poll, which skips a free record, and whoever takes it next,
+         * ordered by the exchange or the mutex below) */
         WRITE_ONCE(rdv_waiter_at(h, links[i])->state, RDV_WAITER_FREE);
     if (n == 0)
         return;
@@ -353,9 +356,14 @@ void rdv_waiter_wake_now(const struct rdv_wake *wk) {
 /* Whether record link is an async leader a send handed a message to. */
 static int async_handed(rdv_t *h, uint32_t link) {
     struct rdv_waiter *w = rdv_waiter_at(h, link);
-    /* acquire: the state a send decided, after the hint */
-    return w->group == link && (w->flags & RDV_WAITER_ASYNC) &&
-           RDV_WAITER_KIND(smp_load_acquire(&w->state)) == RDV_WAITER_HANDED;
+    /* acquire: the state a send decided, after the hint, and with it the
+     * fields its receiver set up before it lined up. Read first: a record
+     * being set up is not HANDED. relaxed, the fields: a thread of ours may
+     * be setting the record up for its next use right now (with no lock,
+     * rdv_waiter_alloc_cached), if we saw the state of its last; its waiter
+     * is then served already, and the caller finds nothing to take */
+    return RDV_WAITER_KIND(smp_load_acquire(&w->state)) == RDV_WAITER_HANDED && READ_ONCE(w->group) == link &&
+           (READ_ONCE(w->flags) & RDV_WAITER_ASYNC);
 }
 
 static struct rdv_slab *slab_ctl(rdv_t *h, uint32_t i) {

@@ -2,6 +2,8 @@
 multi-process stress run (tests/c/stress.c) that checks sums end to end, and
 threads of one process sharing a handle (tests/c/threads.c), also under
 ThreadSanitizer."""
+import subprocess
+
 import pytest
 
 from .conftest import ROOT, build_sanitized, run_c_program
@@ -34,14 +36,25 @@ def test_core_pingpong_benchmark_runs_under_sanitizers(tmp_path):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("threads", [False, True], ids=["asan", "tsan"])
 def test_threads_of_one_process_share_a_handle(tmp_path, threads):
-    """Pairs of threads bouncing messages (each a hand-off to a waiting thread: a waiter
-    record taken and freed) beside threads inserting and deleting keys of their own, on one
-    handle: every message checked, nothing left after, the key count right; under
-    ThreadSanitizer, no data race between them (a race is reported on stderr, exit code 66)."""
+    """Pairs of threads bouncing messages (hand-offs to waiting threads: waiter records taken
+    and freed, two at a time for a receive from two keys; an async receiver's poll looking at
+    every record while other threads set theirs up) beside threads inserting and deleting
+    keys of their own, on one handle; then such threads on a rendezvous whose max_keys is half
+    their number. Every message checked; nothing left after (no waiter slab either: a record
+    the pool lost would show as one), the key count right; under ThreadSanitizer, no data race
+    between them (a race is reported on stderr, exit code 66)."""
     exe = tmp_path / "threads"
-    build_sanitized(ROOT / "tests" / "c" / "threads.c", exe, threads=threads)
+    try:
+        build_sanitized(ROOT / "tests" / "c" / "threads.c", exe, threads=threads)
+    except subprocess.CalledProcessError:
+        if not threads:
+            raise
+        pytest.skip("the C compiler cannot build with -fsanitize=thread (no libtsan)")
     run = run_c_program(exe, "t-cthreads", 120)
+    if threads and "unexpected memory mapping" in run.stderr:
+        pytest.skip("ThreadSanitizer cannot run with this kernel's address-space randomisation")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "ThreadSanitizer" not in run.stderr, run.stderr
-    for part in ("2 pairs and 2 loopers, 20000 messages each: ok", "nothing left: ok", "all passed"):
+    for part in ("2 pairs, an any pair, an async pair and 2 loopers, 20000 messages each: ok", "nothing left: ok",
+                 "4 loopers on max_keys 2, 20000 messages each", "all passed"):
         assert f"threads: {part}" in run.stdout, run.stdout
