@@ -63,7 +63,7 @@ static int do_send_begin(rdv_t *h, const char *key, uint32_t key_len, const char
                    uint32_t dtype_len, uint32_t ndim, const int64_t *shape,
                    const int64_t *strides, uint64_t nbytes, int64_t timeout_ns,
                    uint64_t *pos, void **payload) {
-    int rc;
+    int rc = 0;
     uint64_t meta = send_meta(h, key_len, ndim, dtype_len, nbytes, &rc);
     if (!meta)
         return rc;

@@ -127,6 +127,8 @@ int rdv_waiter_ours(rdv_t *h, uint32_t link) {
 /* A free record of ours, handed out: initialised. */
 static void init_record(rdv_t *h, uint32_t link) {
     struct rdv_waiter *w = rdv_waiter_at(h, link);
+    if (!w)
+        return; /* never: our pool holds links of our own slabs only */
     /* relaxed: our poll (async_handed) may read these of a record it saw
      * HANDED in its last use, while we set it up for its next */
     WRITE_ONCE(w->group, link);
