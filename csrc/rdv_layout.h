@@ -31,6 +31,7 @@
 #define RDV_MIN_BLOCK 4u /* granules: a free block holds its start tag, two links, its end tag */
 /* RDV_MAX_PROCS (shmrdv.h): processes attached at once (handles, really) */
 #define RDV_PROC_SPARE 43 /* words of a process entry kept for later use */
+#define RDV_HOLD_SLOTS 8 /* threads of a process whose lock holds are counted without a locked add */
 
 /* Segregated free lists (two-level, TLSF-style): first level by the top set
  * bit of a block's length in granules, second level by the next
@@ -205,7 +206,12 @@ struct rdv_proc {
      * takes to free, or 0, for its reclaimer to finish the free. */
     uint64_t kept_pos;
     uint64_t dropping;
-    uint32_t spare[RDV_PROC_SPARE - 11];
+    /* This entry's holds by its first RDV_HOLD_SLOTS threads, one word per
+     * thread, each written by its thread alone (rdv_lock.c): counted with
+     * plain stores where a shared word would take a locked add. The rest,
+     * and holds taken as this entry by others, are in locks_held. */
+    uint32_t thread_holds[RDV_HOLD_SLOTS];
+    uint32_t spare[RDV_PROC_SPARE - 11 - RDV_HOLD_SLOTS];
     /* A mark change in progress (rdv_send_commit_marked, rdv_mark_set), so
      * that whoever reclaims us after a death in the middle can roll the mark
      * back if the change did not happen. One at a time per handle
@@ -224,6 +230,8 @@ _Static_assert(offsetof(struct rdv_proc, bell) == 16, "bell");
 _Static_assert(offsetof(struct rdv_proc, mark_state) == 44 + 4 * RDV_PROC_SPARE, "mark record");
 _Static_assert(offsetof(struct rdv_proc, key_count) == 32, "key count is word-aligned");
 _Static_assert(offsetof(struct rdv_proc, locks_held) == RDV_LINE, "locks_held starts line 1");
+_Static_assert(offsetof(struct rdv_proc, thread_holds) + sizeof(uint32_t) * RDV_HOLD_SLOTS <= 2 * RDV_LINE,
+               "the thread slots share locks_held's line");
 _Static_assert(offsetof(struct rdv_proc, kept_pos) == RDV_LINE + 8, "the kept block, on our own line");
 _Static_assert(RDV_MAX_PROCS % 64 == 0, "space_wanting is whole words");
 

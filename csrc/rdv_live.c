@@ -53,6 +53,8 @@ int rdv_live_claim(rdv_t *h) {
         /* so does a holder that died (rdv_lock.c); relaxed: published with
          * the entry by the release of ALIVE below, which holds_nothing acquires */
         WRITE_ONCE(p->locks_held, 0);
+        for (uint32_t t = 0; t < RDV_HOLD_SLOTS; t++)
+            WRITE_ONCE(p->thread_holds[t], 0); /* relaxed: as locks_held */
         p->mark_state = 0; /* zero already, unless damaged: no change of ours in flight */
         h->me = i;
         /* release: publishes pid and the cleared words to readers of state */

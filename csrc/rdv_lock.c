@@ -1,4 +1,5 @@
 /* Layer 3: lock words whose dead holders are found (see rdv_lock.h). */
+#include <pthread.h>
 #include <string.h>
 
 #include "rdv_atomic.h"
@@ -12,14 +13,72 @@
  * before the word is taken for damage and freed. */
 #define RDV_LOCK_STALE_CHECKS 16
 
+/* Thread slots: a process's first RDV_HOLD_SLOTS threads to lock count
+ * their holds as their own entry in a word each (rdv_proc.thread_holds),
+ * with plain (release) stores; the rest of its threads, and holds as another entry
+ * (a reclaimer's, a hand-over's), share locks_held with locked adds. Which
+ * slot a thread has is the process's, not a segment's: bit i of
+ * slots_taken, released when the thread exits (a thread holds no lock
+ * between core calls, so it leaves its slot 0 in every segment). */
+#define NO_SLOT 0xff /* tried, none free: the shared word for this handle */
+static uint32_t slots_taken; /* process-local bitmap */
+static pthread_key_t slot_key;
+static int slot_key_made; /* written once, under slot_once */
+static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
+
 /* This thread's share of each entry's locks_held, for the handle it last
  * locked in: a thread only takes away from a count what it added (a dead
  * holder's lock freed by a reclaimer was counted by the dead; the count is
- * zeroed when its entry is reclaimed, rdv_lock_forget). */
+ * zeroed when its entry is reclaimed, rdv_lock_forget); and its slot + 1
+ * (0: none asked for yet, NO_SLOT). */
 static __thread struct {
     const rdv_t *h;
+    uint8_t slot;
     uint16_t held[RDV_MAX_PROCS];
 } mine;
+
+static void give_slot_back(void *unused) {
+    (void)unused;
+    /* release: our last stores to the slot's words happen before the
+     * next thread's (its acquire CAS in take_slot) */
+    if (mine.slot && mine.slot != NO_SLOT)
+        rdv_fetch_and(&slots_taken, ~(1u << (mine.slot - 1)), __ATOMIC_RELEASE);
+}
+
+/* A fork child has one thread: the one that forked keeps its slot. */
+static void slots_after_fork(void) {
+    slots_taken = mine.slot && mine.slot != NO_SLOT ? 1u << (mine.slot - 1) : 0;
+}
+
+static void make_slot_key(void) {
+    /* without the destructor, no slots: they would never come back */
+    if (pthread_key_create(&slot_key, give_slot_back) == 0 && pthread_atfork(NULL, NULL, slots_after_fork) == 0)
+        slot_key_made = 1;
+}
+
+/* A free slot for this thread, NO_SLOT if none. */
+static uint8_t take_slot(void) {
+    pthread_once(&slot_once, make_slot_key);
+    if (!slot_key_made)
+        return NO_SLOT;
+    uint32_t taken = READ_ONCE(slots_taken); /* process-local */
+    for (;;) {
+        uint32_t free_ = ~taken & ((1u << RDV_HOLD_SLOTS) - 1);
+        if (!free_)
+            return NO_SLOT;
+        uint32_t i = (uint32_t)__builtin_ctz(free_);
+        /* acquire: pairs with the release in give_slot_back; the slot's
+         * words are 0 in every segment, as their last thread left them (or
+         * a claim of the entry zeroed them) */
+        if (rdv_cas(&slots_taken, &taken, taken | 1u << i, __ATOMIC_ACQUIRE)) {
+            if (pthread_setspecific(slot_key, (void *)1) != 0) {
+                rdv_fetch_and(&slots_taken, ~(1u << i), __ATOMIC_RELEASE); /* as in give_slot_back */
+                return NO_SLOT;
+            }
+            return (uint8_t)(i + 1);
+        }
+    }
+}
 
 static void count_hold(rdv_t *h, uint32_t who, int delta) {
     uint32_t e = who - 1;
@@ -34,14 +93,23 @@ static void count_hold(rdv_t *h, uint32_t who, int delta) {
          * of one segment while it locks another's). */
         m->h = h;
         memset(m->held, 0, sizeof m->held);
+        if (m->slot == 0 || m->slot == NO_SLOT)
+            m->slot = take_slot();
     }
     if (delta < 0 && m->held[e] == 0)
         return; /* not counted by us (a dead holder's lock we free): see rdv_lock_forget */
-    m->held[e] = (uint16_t)(m->held[e] + delta);
-    /* seq_cst: an increment is visible before the CAS that takes the lock,
-     * a decrement only after the store that frees it, so the count covers
-     * every moment the word names the entry; pairs with the seq_cst load in
-     * holds_nothing */
+    uint16_t n = (uint16_t)(m->held[e] + delta);
+    m->held[e] = n;
+    if (e == h->me && m->slot != NO_SLOT) {
+        /* release: an increment is visible before the CAS that takes the
+         * lock (which a waiter reads with acquire before the count), a
+         * decrement only after the store that frees it, so the count covers
+         * every moment the word names the entry; pairs with the acquire
+         * loads in holds_nothing. No locked add: the word is ours alone. */
+        smp_store_release(&h->kprocs[e].thread_holds[m->slot - 1], n);
+        return;
+    }
+    /* seq_cst: as the release store above, for a word other threads add to */
     rdv_fetch_add(&h->kprocs[e].locks_held, (uint32_t)delta, __ATOMIC_SEQ_CST);
 }
 
@@ -59,6 +127,8 @@ static int holds_nothing(rdv_t *h, uint32_t holder, uint32_t who) {
         return 0;
     /* seq_cst: pairs with count_hold's RMWs */
     int64_t n = (int32_t)smp_load_seq_cst(&h->kprocs[e].locks_held);
+    for (uint32_t i = 0; i < RDV_HOLD_SLOTS; i++)
+        n += smp_load_acquire(&h->kprocs[e].thread_holds[i]); /* acquire: pairs with count_hold's stores */
     /* This thread's holds as who, counted (count_hold) from before each
      * CAS: the rest of the count is other threads of ours. Exact because a
      * lock is always released by the thread that took it, within one core
@@ -141,6 +211,9 @@ void rdv_unlock(rdv_t *h, uint32_t *klock) {
 }
 
 void rdv_lock_forget(rdv_t *h, uint32_t entry) {
+    struct rdv_proc *p = &h->kprocs[entry];
     /* seq_cst: as in count_hold */
-    smp_store_seq_cst(&h->kprocs[entry].locks_held, 0);
+    smp_store_seq_cst(&p->locks_held, 0);
+    for (uint32_t i = 0; i < RDV_HOLD_SLOTS; i++)
+        smp_store_release(&p->thread_holds[i], 0); /* release: as in count_hold */
 }

@@ -20,7 +20,7 @@
 #define RDV_MAX_PROCS 128
 /* The shared layout's version: attach refuses a segment of another one. It
  * sits at byte 8 of every segment (after the magic), in every version. */
-#define RDV_LAYOUT_VERSION 8
+#define RDV_LAYOUT_VERSION 9
 /* A timeout of this many nanoseconds or more (about 146 years) waits
  * forever, as a negative one does: no deadline arithmetic overflows. */
 #define RDV_FOREVER_NS 4611686018427387904

@@ -13,10 +13,12 @@
  * other threads set theirs up, that it was served; LOOPERS threads send to a key of their own
  * and receive from it at once (each message inserts and deletes the key,
  * one count change each). Every message is checked; at the end no key,
- * message, waiter, message byte or waiter slab in the arena may be left
+ * message, waiter, message byte, waiter slab or lock hold may be left
  * (a record lost by the pool would make the handle take slabs from the
  * arena once its home slab's 62 were gone), and the key count must agree
- * with the keys. Then the same loopers on a rendezvous whose max_keys is
+ * with the keys. There are more threads than lock-hold slots (rdv_lock.c):
+ * some count in a word of their own, the rest in the shared one; those of
+ * the next phase take the slots that exiting threads gave back. Then the same loopers on a rendezvous whose max_keys is
  * half their number: sends refused for it (-ENOSPC) are retried, and the
  * count must still come back to 0 (inserts near the limit sum the count
  * under keys_lock, undoing and redoing their change around the wait). */
@@ -33,7 +35,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "shmrdv.h"
+#include "rdv_handle.h" /* shmrdv.h, and the process entry's lock counts */
 #include "unit_check.h"
 
 #define PAIRS 2
@@ -41,6 +43,7 @@
 #define SQUEEZED 4 /* loopers on the rendezvous with max_keys SQUEEZED / 2 */
 #define ROUNDS 20000
 #define TIMEOUT_NS 30000000000LL
+_Static_assert(2 * PAIRS + 4 + LOOPERS > RDV_HOLD_SLOTS, "more threads than lock-hold slots");
 
 static rdv_t *h;
 static _Atomic long refused; /* sends the squeezed rendezvous refused for max_keys */
@@ -184,6 +187,12 @@ static void check_empty(void) {
           (unsigned long long)st.pending_messages, (unsigned long long)st.waiters);
     CHECK(st.bytes_used == 0 && st.waiter_bytes == 0, "left: %llu message bytes, %llu bytes of waiter slabs",
           (unsigned long long)st.bytes_used, (unsigned long long)st.waiter_bytes);
+    /* More threads than slots counted their holds: those with a slot in
+     * their words, the rest in locks_held; every count back at 0 */
+    const struct rdv_proc *p = &h->kprocs[h->me];
+    CHECK(p->locks_held == 0, "lock holds left in the shared word: %u", p->locks_held);
+    for (int i = 0; i < RDV_HOLD_SLOTS; i++)
+        CHECK(p->thread_holds[i] == 0, "lock holds left in thread slot %d: %u", i, p->thread_holds[i]);
 }
 
 static rdv_t *create(uint64_t max_keys) {

@@ -668,6 +668,21 @@ static void test_dead_holder(rdv_t *h) {
     CHECK(w.rc == 0 && w.idx == idx, "the waiter's acquire: %d", w.rc);
     rdv_index_release(h, idx);
     check_unlocked(h);
+
+    /* so is one that counts it in a thread slot of its entry's */
+    h->kprocs[LIVE].thread_holds[RDV_HOLD_SLOTS - 1] = 1;
+    s->lock = LIVE + 1;
+    w.done = 0;
+    CHECK(pthread_create(&th, NULL, acquire_thread, &w) == 0, "pthread_create");
+    usleep(150000);
+    CHECK(!__atomic_load_n(&w.done, __ATOMIC_ACQUIRE), "acquire took a lock a live holder counts in a thread slot");
+    CHECK(s->lock == LIVE + 1, "a live holder's lock changed to %u", s->lock);
+    WRITE_ONCE(s->lock, 0);
+    WRITE_ONCE(h->kprocs[LIVE].thread_holds[RDV_HOLD_SLOTS - 1], 0);
+    pthread_join(th, NULL);
+    CHECK(w.rc == 0 && w.idx == idx, "the waiter's acquire: %d", w.rc);
+    rdv_index_release(h, idx);
+    check_unlocked(h);
     printf("unit_index: dead holder: ok\n");
 }
 
