@@ -372,9 +372,13 @@ async def _with_timeout(fut: Any, timeout: Optional[float], what: str) -> Any:
         return await fut
     seconds = _timeout_ns(timeout) / 1e9
     try:
-        async with asyncio.timeout(seconds):
-            return await fut
-    except TimeoutError:
+        if hasattr(asyncio, "timeout"):  # Python 3.11+
+            async with asyncio.timeout(seconds):
+                return await fut
+        # before 3.11: wait_for cancels fut on timeout just as the block does,
+        # which takes its receive out of line
+        return await asyncio.wait_for(fut, seconds)
+    except (TimeoutError, asyncio.TimeoutError):  # one class from 3.11 on, two before
         raise RendezvousTimeout(f"{what}: timed out after {seconds:g} s") from None
 
 

@@ -51,6 +51,23 @@ def test_await_recv_async_arecv_and_arecv_any(rdv, loop_kind):
     assert rdv.stats().waiters == 0 and rdv.stats().pending_messages == 0
 
 
+def test_a_timeout_without_asyncio_timeout_leaves_the_line(rdv, monkeypatch):
+    """Python 3.9 and 3.10 have no asyncio.timeout: arecv's timeout then
+    comes from asyncio.wait_for, and still leaves the line."""
+    monkeypatch.delattr(asyncio, "timeout", raising=False)
+
+    async def main():
+        with pytest.raises(shmrdv.RendezvousTimeout, match=r"arecv 'late': timed out after 0.05 s"):
+            await rdv.arecv("late", timeout=0.05)
+        assert rdv.stats().waiters == 0
+        rdv.send("soon", one(5))
+        assert int((await rdv.arecv("soon", timeout=5))[0]) == 5
+
+    asyncio.run(main())
+    rdv.send("late", one(6))
+    assert rdv.stats().pending_messages == 1  # nobody took it
+
+
 @pytest.mark.parametrize("loop_kind", LOOPS)
 def test_a_cancelled_task_leaves_the_line(rdv, loop_kind):
     async def main():
