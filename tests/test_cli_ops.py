@@ -72,6 +72,20 @@ def test_stat_and_rm_of_a_missing_rendezvous(rdv_name):
     assert code == 1 and "no such rendezvous" in out
 
 
+def test_stat_prints_keys_that_could_drive_a_terminal_escaped(rdv):
+    """A key is any string: stat prints one holding control characters
+    quoted, with escapes, and a printable one as it is."""
+    rdv.send("plain/key 1", np.zeros(1))
+    rdv.send("evil\x1b[2J\x1b]0;pwned\x07\n", np.zeros(1))
+    code, out = shmrdv_cli("stat", rdv.name)
+    assert code == 0, out
+    assert "\x1b" not in out and "\x07" not in out, out
+    lines = out.splitlines()
+    keys = lines[next(i for i, line in enumerate(lines) if line.strip().startswith("keys (")) + 1:][:2]
+    assert sorted(line.split(" waiting ", 1)[1].strip() for line in keys) == sorted(
+        ["plain/key 1", repr("evil\x1b[2J\x1b]0;pwned\x07\n")]), out
+
+
 def test_stat_and_ls_show_live_and_free_space(rdv):
     """A fragmented arena (a hole, pending messages, a held view, an open
     alloc): stat and ls print live bytes, live blocks, free bytes and the

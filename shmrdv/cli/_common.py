@@ -32,6 +32,16 @@ class UsageError(CommandError):
     status = 2
 
 
+def shown_key(name: str) -> str:
+    """A key as the commands print it: as it is when printable, else quoted
+    with escapes (a key is any string: one of control characters must not
+    drive the terminal); shmrdv's own keys, which start with ESC so that no
+    key of a user's is one, named as such."""
+    if name[:1] == "\x1b" and name[1:].isprintable():
+        return f"{name[1:]} (shmrdv's own)"
+    return name if name.isprintable() else repr(name)
+
+
 def rendezvous_name(text: str) -> str:
     """argparse type of a rendezvous name: what Rendezvous accepts, or a usage error."""
     if not _NAME_RE.match(text):

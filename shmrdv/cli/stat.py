@@ -8,7 +8,7 @@ import time
 
 from ..rendezvous import Rendezvous
 from ..segments import human_bytes, others
-from ._common import count, pages_text, rendezvous_name
+from ._common import count, pages_text, rendezvous_name, shown_key
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     if keys:
         print(f"  keys ({min(len(keys), args.keys)} of {len(keys)}):")
         for k in keys[: args.keys]:
-            print(f"    {k.pending:>6} pending {k.waiters:>3} waiting  {k.name if k.name is not None else '(waiters only)'}")
+            print(f"    {k.pending:>6} pending {k.waiters:>3} waiting  {shown_key(k.name) if k.name is not None else '(waiters only)'}")
     print(f"  processes ({len(procs)}):")
     for pid in dead:
         print(f"    pid {pid:<8} dead: reclaimed its views, blocks, waits and locks just now")
