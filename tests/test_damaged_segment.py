@@ -90,7 +90,7 @@ def test_damage_gives_an_error_never_a_crash(pristine, rdv_name, data):
 
 @pytest.mark.parametrize(
     "offset, value, message",
-    [(0, 0x00, "magic"), (8, 0x09, "layout version"), (24, 0x01, "damaged")],
+    [(0, 0x00, "magic"), (8, shmrdv.limits.LAYOUT_VERSION + 1, "layout version"), (24, 0x01, "damaged")],
 )
 def test_named_damage_is_named_in_the_error(pristine, rdv_name, offset, value, message):
     raw = bytearray(pristine)
