@@ -101,6 +101,11 @@ int rdv_attach(int fd, rdv_t **out) {
     return open_done(*out, fd);
 }
 
+int rdv_segment_in_use(int fd) {
+    /* a byte per process entry, then the creator's (rdv_layout.h) */
+    return rdv_bytes_locked_by_other(fd, 0, RDV_CREATOR_LOCK_BYTE + 1);
+}
+
 /* Closed handles stay allocated (see rdv_get) and reachable from here. */
 static rdv_t *retired;
 

@@ -107,6 +107,14 @@ static struct flock byte_range(uint64_t byte, short type) {
     return fl;
 }
 
+int rdv_bytes_locked_by_other(int fd, uint64_t first, uint64_t n) {
+    struct flock fl = byte_range(first, F_WRLCK);
+    fl.l_len = (off_t)n;
+    if (fcntl(fd, F_OFD_GETLK, &fl) < 0)
+        return 1;
+    return fl.l_type != F_UNLCK;
+}
+
 int rdv_byte_lock(int fd, uint64_t byte) {
     struct flock fl = byte_range(byte, F_WRLCK);
     return fcntl(fd, F_OFD_SETLK, &fl) < 0 ? -errno : 0;
@@ -117,12 +125,7 @@ void rdv_byte_unlock(int fd, uint64_t byte) {
     fcntl(fd, F_OFD_SETLK, &fl);
 }
 
-int rdv_byte_locked_by_other(int fd, uint64_t byte) {
-    struct flock fl = byte_range(byte, F_WRLCK);
-    if (fcntl(fd, F_OFD_GETLK, &fl) < 0)
-        return 1;
-    return fl.l_type != F_UNLCK;
-}
+int rdv_byte_locked_by_other(int fd, uint64_t byte) { return rdv_bytes_locked_by_other(fd, byte, 1); }
 
 int rdv_file_resize(int fd, uint64_t len) { return ftruncate(fd, (off_t)len) < 0 ? -errno : 0; }
 

@@ -30,6 +30,8 @@ void rdv_byte_unlock(int fd, uint64_t byte);
 /* Whether an open file description other than fd's holds the byte (1 when
  * it cannot tell: never reclaim on a guess). */
 int rdv_byte_locked_by_other(int fd, uint64_t byte);
+/* The same for any of bytes [first, first + n). */
+int rdv_bytes_locked_by_other(int fd, uint64_t first, uint64_t n);
 
 /* Size fd to len bytes and reserve every page (a full /dev/shm fails here,
  * not later with SIGBUS). 0 or -errno. */

@@ -87,6 +87,11 @@ int rdv_create_flags(int fd, uint64_t arena_size, uint64_t max_keys, uint32_t fl
  * the mapping is backed (/proc/self/smaps). */
 void rdv_mapping(rdv_t *h, uint64_t *base, uint64_t *len);
 int rdv_attach(int fd, rdv_t **out);
+/* Whether any process has the segment in fd attached or is creating it,
+ * read from the byte locks the kernel drops when a process dies, without
+ * mapping it: 1 (also when it cannot tell), or 0: nobody will use it again
+ * unless someone attaches by its name. */
+int rdv_segment_in_use(int fd);
 /* Drop this handle's own reference. The mapping stays until every view and
  * every call in flight has let go of it (see rdv_release_payload). */
 void rdv_close(rdv_t *h);

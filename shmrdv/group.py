@@ -33,6 +33,7 @@ from .errors import (
     RendezvousTimeout,
     SegmentMismatch,
 )
+from .leftovers import sweep
 from .rendezvous import check_owner, checked_name
 from .tensors import as_array, as_tensor, bfloat16, is_tensor
 
@@ -104,34 +105,15 @@ def sweep_stale_groups() -> List[str]:
     rank 0 is gone (every member died before all had joined: nobody is left
     to remove the name), this user's only; return their names. Run by every
     rank 0 that creates a group, and by ``shmrdv gc``."""
-    removed = []
-    prefix = GROUP_PREFIX.lstrip("/")
-    try:
-        entries = [e for e in os.listdir("/dev/shm") if e.startswith(prefix)]
-    except FileNotFoundError:
-        return removed
     pid = ffi.new("uint32_t *")
-    for entry in entries:
-        try:
-            shm = posix_ipc.SharedMemory("/" + entry)
-        except (posix_ipc.ExistentialError, posix_ipc.PermissionsError, OSError):
-            continue
-        try:
-            st = os.fstat(shm.fd)
-            if st.st_uid != os.geteuid() or lib.rdv_coll_creator_alive(shm.fd, 0, pid):
-                continue
-            # a creator between its O_EXCL and its lock (microseconds) has a young, empty file
-            if st.st_size == 0 and time.time() - st.st_ctime < _CREATOR_GRACE_S:
-                continue
-        finally:
-            shm.close_fd()
-        try:
-            if os.stat("/dev/shm/" + entry).st_ino == st.st_ino:
-                posix_ipc.unlink_shared_memory("/" + entry)
-                removed.append(entry[len(prefix):])
-        except (FileNotFoundError, posix_ipc.ExistentialError):
-            pass
-    return removed
+
+    def stale(_: str, fd: int, st: os.stat_result) -> bool:
+        if lib.rdv_coll_creator_alive(fd, 0, pid):
+            return False
+        # a creator between its O_EXCL and its lock (microseconds) has a young, empty file
+        return not (st.st_size == 0 and time.time() - st.st_ctime < _CREATOR_GRACE_S)
+
+    return sweep(GROUP_PREFIX.lstrip("/"), stale)
 
 
 def _shape_hash(shape: Tuple[int, ...], dtype: np.dtype) -> int:

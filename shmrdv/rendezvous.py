@@ -24,6 +24,7 @@ from .codec import key_bytes as _key_bytes
 from .codec import timeout_ns as _timeout_ns
 from .errors import HugePagesUnavailable, InvalidArgument, InvalidType, RendezvousError, RendezvousTimeout, SegmentMismatch
 from .huge_pages import offered as huge_pages_offered
+from .leftovers import pid_gone, sweep
 from .stats import KeyInfo, ProcessInfo, Stats
 from .tensors import as_tensor, check_as_torch, is_torch_dtype, numpy_dtype, tensor_dtype_ok
 
@@ -76,6 +77,22 @@ def arena_size(size: object, what: str = "size") -> int:
 def private_name() -> str:
     """A name for a private rendezvous of this process: private-PID-RANDOM."""
     return f"private-{os.getpid()}-{os.urandom(6).hex()}"  # not secrets: it loads hmac
+
+
+def sweep_dead_private() -> List[str]:
+    """Remove this user's private rendezvous whose creating process is gone
+    and that no process has attached: what a creator killed before it could
+    unlink leaves (SIGKILL, or a SIGTERM nobody handled). Run by every
+    ``Rendezvous()`` and by ``shmrdv gc``; returns the names removed."""
+
+    def stale(rest: str, fd: int, st: os.stat_result) -> bool:
+        pid = rest.split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or not pid_gone(int(pid)):
+            return False
+        # nobody attached; nor creating it, which an empty file this young may be (from another pid namespace)
+        return not lib.rdv_segment_in_use(fd) and not (st.st_size == 0 and time.time() - st.st_ctime < _CREATOR_GRACE_S)
+
+    return ["private-" + rest for rest in sweep(SEGMENT_PREFIX.lstrip("/") + "private-", stale)]
 
 
 def _unlink_private(name: str, pid: int) -> None:
@@ -589,9 +606,10 @@ class Rendezvous(fast.Handle):
     (``multiprocessing`` arguments, pickling): each attaches by name, and a
     child's handle never unlinks it. Children that attach after the creator
     closed it find nothing (``FileNotFoundError``); those already attached
-    keep working. A creator killed by a signal (SIGKILL) cannot unlink it:
-    ``shmrdv gc --unlink-orphans`` removes segments no live process has
-    attached.
+    keep working. A creator killed by a signal (SIGKILL, a SIGTERM nobody
+    handles) cannot unlink it: the next ``Rendezvous()`` this user opens on
+    the machine removes it once no process has it attached, and so does
+    ``shmrdv gc``.
 
     ``routes`` maps TF device prefixes to the bridges of other hosts, e.g.
     ``{"/job:worker/replica:0/task:1": "tcp://hostB:7700"}``, with the shared
@@ -651,6 +669,7 @@ class Rendezvous(fast.Handle):
             if create is False:
                 raise InvalidArgument("Rendezvous() with no name creates a private rendezvous: create=False needs a name")
             name, create = private_name(), True
+            sweep_dead_private()
         name = checked_name(name, "name", lib.RDV_NAME_MAX)
         if create not in (None, True, False):
             raise InvalidType(f"create must be None, True or False, not {create!r}")

@@ -2,7 +2,9 @@
 
 It gets a unique name, children it is passed to attach by pickling, and it is
 unlinked when the creating handle closes or the creating process exits
-normally; nothing is left in /dev/shm."""
+normally; nothing is left in /dev/shm. What a creator killed by a signal
+leaves, the next private rendezvous (or shmrdv gc) removes, once nobody has
+it attached."""
 
 import glob
 import os
@@ -10,11 +12,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
 
 import shmrdv
+from shmrdv.leftovers import pid_gone
 
 from .conftest import MiB, SHM_DIR, segment_path
 
@@ -172,27 +176,88 @@ def test_a_spawned_child_given_the_rendezvous_sends_to_the_parent(children, leav
     assert not os.path.exists(segment_path(rdv.name))
 
 
-@pytest.mark.timeout(60)
-def test_a_killed_creator_leaves_it_for_gc_unlink_orphans():
+def killed_creator(extra: str = "") -> str:
+    """The name of a private rendezvous whose creator was SIGKILLed (after
+    running extra), which therefore could not unlink it."""
     code = textwrap.dedent("""\
         import os, signal
         import shmrdv
         rdv = shmrdv.Rendezvous(size=1 << 20)
         print(rdv.name, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-        """)
+        """) + textwrap.dedent(extra) + "os.kill(os.getpid(), signal.SIGKILL)\n"
     process = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, timeout=60)
-    name = process.stdout.strip()
+    name = process.stdout.splitlines()[0].strip()
     assert process.returncode == -signal.SIGKILL and name.startswith("private-")
+    assert os.path.exists(segment_path(name))  # nobody could unlink it
+    return name
+
+
+def remove_if_left(name: str) -> None:
     try:
-        assert os.path.exists(segment_path(name))  # nobody could unlink it
+        os.unlink(segment_path(name))
+    except FileNotFoundError:
+        pass
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_creator_leaves_it_for_gc_unlink_orphans():
+    name = killed_creator()
+    try:
         gc = subprocess.run([sys.executable, "-m", "shmrdv", "gc", "--unlink-orphans", name],
                             capture_output=True, text=True, timeout=60)
         assert gc.returncode == 0, gc.stderr
         assert not os.path.exists(segment_path(name))
     finally:
-        if name:
-            try:
-                os.unlink(segment_path(name))
-            except FileNotFoundError:
-                pass
+        remove_if_left(name)
+
+
+@pytest.mark.timeout(60)
+def test_the_next_private_rendezvous_or_gc_removes_what_a_killed_creator_left(leaves_nothing):
+    """A creator killed by a signal cannot unlink: the next Rendezvous()
+    on the machine (this user's) removes it, and so does a plain shmrdv gc."""
+    first, second = killed_creator(), killed_creator()
+    try:
+        with shmrdv.Rendezvous(size=1 << 20) as rdv:
+            assert not os.path.exists(segment_path(first)) and not os.path.exists(segment_path(second))
+            assert os.path.exists(segment_path(rdv.name))  # not ours, of course
+        third = killed_creator()
+        gc = subprocess.run([sys.executable, "-m", "shmrdv", "gc"], capture_output=True, text=True, timeout=60)
+        assert gc.returncode == 0, gc.stderr
+        assert f"{third}: private, its creator is gone and nobody has it attached: removed" in gc.stdout, gc.stdout
+        assert not os.path.exists(segment_path(third))
+    finally:
+        for name in (first, second):
+            remove_if_left(name)
+
+
+@pytest.mark.timeout(60)
+def test_a_private_rendezvous_a_live_process_still_has_stays(leaves_nothing):
+    """Its creator is gone, but a child it forked still has it attached:
+    neither the next Rendezvous() nor shmrdv gc removes it; once the child
+    is gone too, the next one does."""
+    name = killed_creator("""\
+        import time
+        ready, told = os.pipe()
+        if os.fork() == 0:  # the child attaches, says so, and stays a while
+            child = shmrdv.Rendezvous(rdv.name, create=False)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # our caller reads stdout to its end
+            os.write(told, b"x")
+            time.sleep(30)
+            os._exit(0)
+        os.read(ready, 1)
+        """)
+    try:
+        with shmrdv.Rendezvous(name, create=False) as rdv:
+            holder = next(p for p in rdv.processes() if p.alive and p.pid != os.getpid())
+        with shmrdv.Rendezvous(size=1 << 20):
+            assert os.path.exists(segment_path(name))
+        gc = subprocess.run([sys.executable, "-m", "shmrdv", "gc"], capture_output=True, text=True, timeout=60)
+        assert gc.returncode == 0 and os.path.exists(segment_path(name)), gc.stdout + gc.stderr
+        os.kill(holder.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not pid_gone(holder.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with shmrdv.Rendezvous(size=1 << 20):
+            assert not os.path.exists(segment_path(name))
+    finally:
+        remove_if_left(name)

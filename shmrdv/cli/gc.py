@@ -1,14 +1,15 @@
 """``shmrdv gc [NAME...] [--unlink-orphans]``: reclaim what dead processes
 held in every (or the named) rendezvous; with --unlink-orphans, also remove
 segments that no live process has attached (their pending messages go too).
-Without names it also removes the segments of groups whose joining never
+Without names it also removes private rendezvous whose creator is gone and
+that nobody has attached, and the segments of groups whose joining never
 completed and whose rank 0 is gone."""
 import argparse
 import os
 import sys
 
 from ..group import sweep_stale_groups
-from ..rendezvous import Rendezvous, unlink_segment
+from ..rendezvous import Rendezvous, sweep_dead_private, unlink_segment
 from ..segments import others, segment_names
 from ._common import SEGMENT_ERRORS, about, rendezvous_name
 
@@ -22,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     failed = 0
+    if not args.names:
+        for name in sweep_dead_private():
+            print(f"{name}: private, its creator is gone and nobody has it attached: removed")
     for name in args.names or segment_names():
         try:
             with Rendezvous(name, create=False) as rdv:
