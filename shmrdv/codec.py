@@ -2,6 +2,7 @@
 UTF-8 bytes, timeouts as nanoseconds, dtypes as their descriptor codes, and
 back. One place for each check; the bridge encodes its frames with the same
 functions (a narrow internal interface, listed in docs/architecture.md)."""
+import numbers
 from typing import Dict
 
 import numpy as np
@@ -47,8 +48,10 @@ def timeout_ns(timeout: object) -> int:
         return timeout * _NS
     if timeout is None:
         return -1
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise InvalidType(f"timeout must be None or a number of seconds, not {type(timeout).__name__}")
+    if not isinstance(timeout, (int, float)):
+        timeout = float(timeout)  # numpy's numbers: no int64 overflow below
     if not timeout >= 0:  # also rejects NaN
         raise InvalidArgument(f"timeout must be >= 0 seconds, got {timeout!r}")
     if timeout * _NS >= FOREVER_NS:  # includes inf

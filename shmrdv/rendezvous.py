@@ -382,12 +382,17 @@ def _any_keys(keys: Any) -> Tuple[List[str], bytes, Any]:
     return names, b"".join(encoded), ffi.new("uint32_t[]", [len(k) for k in encoded])
 
 
-async def _with_timeout(fut: Any, timeout: Optional[float], what: str) -> Any:
+async def _with_timeout(start: Callable[[], Any], timeout: Optional[float], what: str) -> Any:
+    """Await the future start() gives, at most timeout seconds (None, or
+    one too large to end: forever). The timeout is checked before start()
+    puts a receive in line: a bad one never leaves a receiver behind."""
     import asyncio  # here: it loads socket and ssl, which plain use does not need
 
-    if timeout is None:
+    ns = _timeout_ns(timeout)
+    fut = start()
+    if ns < 0:
         return await fut
-    seconds = _timeout_ns(timeout) / 1e9
+    seconds = ns / 1e9
     try:
         if hasattr(asyncio, "timeout"):  # Python 3.11+
             async with asyncio.timeout(seconds):
@@ -1402,17 +1407,19 @@ class Rendezvous(fast.Handle):
         or puts a message handed over meanwhile back at the head of its key;
         ``RendezvousTimeout`` after ``timeout`` seconds (None: forever).
         as_torch=True: a torch tensor, as ``recv`` gives."""
-        fut = self.recv_async(key, as_torch=as_torch)
-        return await _with_timeout(fut, timeout, f"arecv {key!r}")
+        return await _with_timeout(lambda: self.recv_async(key, as_torch=as_torch), timeout, f"arecv {key!r}")
 
     async def arecv_any(self, keys: Any, *, timeout: Optional[float] = None, as_torch: bool = False) -> Tuple[str, Any]:
         """``recv_any`` for asyncio: ``(key, view)`` of the first message
         under any of ``keys``, as ``arecv`` waits (as_torch as there)."""
         names, kb, lens = _any_keys(keys)
         tensor = check_as_torch(as_torch, f"arecv_any {names!r}")
-        fut = self._async().start(0, kb, names, lens, what=f"arecv_any {names!r}")
-        fut._as_torch = tensor
-        return await _with_timeout(fut, timeout, f"arecv_any {names!r}")  # type: ignore[no-any-return]
+        def start() -> "async_recv.RecvFuture":
+            fut = self._async().start(0, kb, names, lens, what=f"arecv_any {names!r}")
+            fut._as_torch = tensor
+            return fut
+
+        return await _with_timeout(start, timeout, f"arecv_any {names!r}")  # type: ignore[no-any-return]
 
     async def asend(self, key: str, array: Any, *, timeout: Optional[float] = None) -> None:
         """``send`` for asyncio: while the arena is full it waits for space
@@ -1420,7 +1427,8 @@ class Rendezvous(fast.Handle):
         up to ``timeout`` seconds (None: forever), then ``RendezvousTimeout``."""
         import asyncio  # here: it loads socket and ssl, which plain use does not need
 
-        deadline = None if timeout is None else time.monotonic() + _timeout_ns(timeout) / 1e9
+        ns = _timeout_ns(timeout)
+        deadline = None if ns < 0 else time.monotonic() + ns / 1e9  # < 0: forever
         pause = 0.001
         while True:
             try:

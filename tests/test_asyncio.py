@@ -51,6 +51,33 @@ def test_await_recv_async_arecv_and_arecv_any(rdv, loop_kind):
     assert rdv.stats().waiters == 0 and rdv.stats().pending_messages == 0
 
 
+@pytest.mark.parametrize("bad", ["5", -1, float("nan"), True], ids=["str", "negative", "nan", "bool"])
+def test_a_bad_timeout_puts_no_receiver_in_line(rdv, bad):
+    """The timeout is checked before the receive starts: nothing is left in
+    line to take the next message."""
+    for call in (lambda: rdv.arecv("grads", timeout=bad), lambda: rdv.arecv_any(["grads", "other"], timeout=bad)):
+        with pytest.raises((shmrdv.InvalidArgument, shmrdv.InvalidType), match="timeout"):
+            asyncio.run(call())
+    assert rdv.stats().waiters == 0
+    rdv.send("grads", one(7))
+    assert int(rdv.recv("grads", timeout=5)[0]) == 7
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e300, 10**30], ids=["inf", "1e300", "10**30"])
+def test_a_timeout_too_large_to_end_waits_forever(rdv, timeout):
+    async def main():
+        for call in (lambda: rdv.arecv("x", timeout=timeout), lambda: rdv.arecv_any(["x", "y"], timeout=timeout)):
+            task = asyncio.create_task(call())
+            await asyncio.sleep(0.05)
+            assert not task.done()  # not timed out at once
+            rdv.send("x", one(1))
+            got = await task
+            assert int((got[1] if isinstance(got, tuple) else got)[0]) == 1
+
+    run("asyncio", main())
+    assert rdv.stats().waiters == 0
+
+
 def test_a_timeout_without_asyncio_timeout_leaves_the_line(rdv, monkeypatch):
     """Python 3.9 and 3.10 have no asyncio.timeout: arecv's timeout then
     comes from asyncio.wait_for, and still leaves the line."""
@@ -107,7 +134,9 @@ async def _await(fut):
     return await fut
 
 
-def test_asend_waits_for_space_without_blocking_the_loop(rdv_name):
+@pytest.mark.parametrize("timeout", [10, None, float("inf"), 1e300], ids=["10s", "None", "inf", "1e300"])
+def test_asend_waits_for_space_without_blocking_the_loop(rdv_name, timeout):
+    """A timeout too large to end waits as None does (forever)."""
     with shmrdv.Rendezvous(rdv_name, size=64 * 1024, create=True) as rdv:
         try:
             big = np.zeros(40_000, np.uint8)
@@ -123,7 +152,7 @@ def test_asend_waits_for_space_without_blocking_the_loop(rdv_name):
                         await asyncio.sleep(0.005)
 
                 ticker = asyncio.create_task(tick())
-                send = asyncio.create_task(rdv.asend("full", big, timeout=10))
+                send = asyncio.create_task(rdv.asend("full", big, timeout=timeout))
                 await asyncio.sleep(0.1)
                 assert not send.done() and ticks >= 5  # the loop runs while it waits
                 del_view = rdv.recv("full", timeout=5)

@@ -733,3 +733,21 @@ def test_alloc_view_that_can_make_no_array_gives_the_block_and_the_mapping_back(
     finally:
         rdv.close()
         shmrdv.Rendezvous(rdv_name, create=False).unlink()
+
+
+def test_numpy_numbers_are_timeouts_too(rdv):
+    """np.float64 is a float, np.int64 is no int: both are seconds, as are
+    other numpy numbers, on the C path and the Python one; a huge one waits
+    forever (no int64 overflow)."""
+    from shmrdv.codec import timeout_ns
+
+    assert timeout_ns(np.int64(2)) == timeout_ns(np.float32(2)) == timeout_ns(2) == 2_000_000_000
+    assert timeout_ns(np.int64(10**18)) == timeout_ns(np.uint64(2**63)) == -1
+    a = np.ones(4, np.float32)
+    for timeout in (np.int64(5), np.float32(5.0), np.uint8(5), np.float64(5.0)):
+        rdv.send("k", a, timeout=timeout)
+        assert np.array_equal(rdv.recv("k", timeout=timeout), a)
+    with pytest.raises(shmrdv.RendezvousTimeout):
+        rdv.recv("k", timeout=np.int64(0))
+    with pytest.raises(shmrdv.InvalidArgument, match="timeout"):
+        rdv.recv("k", timeout=np.int64(-1))
