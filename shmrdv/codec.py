@@ -71,9 +71,12 @@ def dtype_code(dtype: np.dtype) -> bytes:
     ``BF16_CODE`` for bfloat16."""
     code = _dtype_codes.get(dtype)
     if code is None:
+        if dtype.kind in "SU" and dtype.itemsize == 0:
+            raise InvalidType(f"dtype {dtype} cannot be sent: a string dtype needs a width (e.g. 'S8', 'U8')")
         if not dtype_sendable(dtype):
             raise InvalidType(f"dtype {dtype} cannot be sent: only numeric, bool, bfloat16, datetime, timedelta and "
-                              f"fixed-width string dtypes")
+                              f"fixed-width string dtypes that numpy itself can name (convert it, e.g. "
+                              f"a.astype(np.float32))")
         code = BF16_CODE if dtype.kind == "V" else dtype.str.encode("ascii")
         if len(code) > lib.RDV_DTYPE_MAX:
             raise InvalidType(f"dtype {dtype} has too long a descriptor")
@@ -189,7 +192,14 @@ def dtype_sendable(dtype: np.dtype) -> bool:
     """Whether arrays of dtype can be sent: the one test of admissibility."""
     if dtype.kind == "V":
         return is_bfloat16(dtype)
-    return dtype.kind in _DTYPE_KINDS and dtype.fields is None and dtype.subdtype is None and dtype.itemsize > 0
+    if not (dtype.kind in _DTYPE_KINDS and dtype.fields is None and dtype.subdtype is None and dtype.itemsize > 0):
+        return False
+    # A message carries dtype.str: it must name this dtype again (ml_dtypes'
+    # float8_e5m2 says '<f1', which names nothing a receiver could rebuild).
+    try:
+        return np.dtype(dtype.str) == dtype
+    except (TypeError, ValueError):
+        return False
 
 
 def fit_text(text: str, limit: int) -> str:

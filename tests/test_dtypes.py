@@ -66,3 +66,24 @@ def test_object_dtype_raises_invalid_type(module_rdv):
         module_rdv.send("objects", np.array([1, "a", None], dtype=object))
     assert issubclass(shmrdv.InvalidType, TypeError)
     assert module_rdv.try_recv("objects") is None
+
+
+@pytest.mark.parametrize("name", ["float8_e5m2", "float8_e4m3fn", "int4"])
+def test_dtypes_whose_descriptor_names_nothing_are_refused_before_anything_is_sent(module_rdv, name):
+    """ml_dtypes' float8_e5m2 says '<f1', a descriptor no receiver can turn
+    back into a dtype: refused at send and alloc (InvalidType), never sent
+    and then lost at the receiver."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    dtype = np.dtype(getattr(ml_dtypes, name))
+    with pytest.raises(shmrdv.InvalidType, match=f"dtype {name} cannot be sent.*astype"):
+        module_rdv.send("f8", np.ones(3, dtype))
+    with pytest.raises(shmrdv.InvalidType, match=f"dtype {name} cannot be sent"):
+        module_rdv.alloc("f8", (3,), dtype).close()
+    assert module_rdv.try_recv("f8") is None
+
+
+def test_a_string_dtype_without_a_width_is_refused_so(module_rdv):
+    with pytest.raises(shmrdv.InvalidType, match="needs a width"):
+        with module_rdv.alloc("s0", (2,), "S0"):
+            pass
+    assert module_rdv.try_recv("s0") is None
