@@ -7,8 +7,6 @@
 #include "rdv_segment.h"
 #include "rdv_spin.h"
 
-#define RDV_MAX_KEYS (1u << 24)
-
 static uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
 struct layout {

@@ -10,6 +10,8 @@
 #define RDV_DTYPE_MAX 24
 #define RDV_REASON_MAX 1024
 #define RDV_NAME_MAX 200
+/* Keys a rendezvous may hold live at once (its max_keys), at most. */
+#define RDV_MAX_KEYS 16777216
 #define RDV_MAX_MARKS 64
 /* The largest arena a rendezvous can have: 2^36 - 4096 bytes (64 GiB less a
  * page), so that every granule index fits RDV_GRANULE_BITS (rdv_layout.h).

@@ -25,7 +25,7 @@ from .errors import (
 )
 from .group import Group
 from .keys import DeviceName, ParsedKey, create_key, parse_key
-from .rendezvous import DEFAULT_SIZE, MAX_SIZE, Rendezvous
+from .rendezvous import DEFAULT_SIZE, MAX_KEYS, MAX_SIZE, Rendezvous
 from .stats import KeyInfo, ProcessInfo, Stats
 
 
@@ -58,6 +58,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidType",
     "KeyInfo",
+    "MAX_KEYS",
     "MAX_SIZE",
     "MessageTooLarge",
     "PeerLost",

@@ -28,6 +28,9 @@ MAX_MARKS = int(lib.RDV_MAX_MARKS)
 MAX_ARENA_BYTES = int(lib.RDV_MAX_ARENA_BYTES)
 """The largest arena a rendezvous can have (2**36 - 4096 bytes); arenas are whole 4096-byte pages."""
 
+MAX_KEYS = int(lib.RDV_MAX_KEYS)
+"""The largest max_keys a rendezvous can have: keys live at once."""
+
 MAX_PROCS = int(lib.RDV_MAX_PROCS)
 """Handles attached to one rendezvous at once (its process table)."""
 
@@ -37,5 +40,6 @@ LAYOUT_VERSION = int(lib.RDV_LAYOUT_VERSION)
 FOREVER_NS = int(lib.RDV_FOREVER_NS)
 """A timeout this long or longer (2**62 ns, about 146 years) waits forever."""
 
-__all__ = ["KEY_MAX", "NDIM_MAX", "DTYPE_MAX", "REASON_MAX", "NAME_MAX", "MAX_MARKS", "MAX_ARENA_BYTES", "MAX_PROCS",
+__all__ = ["KEY_MAX", "NDIM_MAX", "DTYPE_MAX", "REASON_MAX", "NAME_MAX", "MAX_MARKS", "MAX_ARENA_BYTES", "MAX_KEYS",
+           "MAX_PROCS",
            "LAYOUT_VERSION", "FOREVER_NS"]

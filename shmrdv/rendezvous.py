@@ -44,6 +44,7 @@ segment that is still initialising it (see ``timeout``)."""
 _CREATOR_GRACE_S = 1.0
 _PAGE = 4096
 MAX_SIZE = limits.MAX_ARENA_BYTES
+MAX_KEYS = limits.MAX_KEYS
 """The largest arena a rendezvous can have, in bytes (2**36 - 4096, about 64 GiB)."""
 _MSG_HEADER = 64  # sizeof(struct rdv_msg), csrc/rdv_layout.h
 
@@ -681,6 +682,8 @@ class Rendezvous(fast.Handle):
         req_size = None if size is None else arena_size(size)
         arena = DEFAULT_SIZE if req_size is None else req_size
         keys = max(1024, min(arena // 4096, 1 << 20)) if max_keys is None else _positive_int(max_keys, "max_keys")
+        if keys > limits.MAX_KEYS:
+            raise InvalidArgument(f"max_keys is at most {limits.MAX_KEYS:,} (shmrdv.MAX_KEYS), got {keys:,}")
         wait_ns = _timeout_ns(timeout)
         if huge_pages not in (True, False):
             raise InvalidType(f"huge_pages must be True or False, not {huge_pages!r}")
@@ -749,6 +752,9 @@ class Rendezvous(fast.Handle):
                             rc = -errno.EOPNOTSUPP
                         else:
                             rc = lib.rdv_create_flags(shm.fd, arena, max_keys, flags, out)
+                    except BaseException:
+                        posix_ipc.unlink_shared_memory(self._path)  # ours, never initialised: not left behind
+                        raise
                     finally:
                         shm.close_fd()
                     if rc < 0:

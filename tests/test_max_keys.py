@@ -3,6 +3,7 @@ messages or waiting receivers), one more raises TooManyKeys naming the
 limit, and the count stays exact across processes killed while they make
 and delete keys."""
 import multiprocessing
+import os
 import random
 import threading
 import time
@@ -13,7 +14,7 @@ import pytest
 import shmrdv
 
 from . import workers
-from .conftest import MiB, kill_process
+from .conftest import MiB, kill_process, segment_path
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,6 +35,37 @@ def test_max_keys_keys_and_not_one_more(rdv_name):
                 rdv.send("and-another", np.zeros(1))
         finally:
             rdv.unlink()
+
+
+@pytest.mark.parametrize("max_keys", [shmrdv.MAX_KEYS + 1, 2**64], ids=["MAX_KEYS+1", "2**64"])
+def test_a_max_keys_past_the_limit_is_refused_and_leaves_nothing(rdv_name, max_keys):
+    with pytest.raises(shmrdv.InvalidArgument, match=f"max_keys is at most {shmrdv.MAX_KEYS:,}"):
+        shmrdv.Rendezvous(rdv_name, size=4096, max_keys=max_keys)
+    assert not os.path.exists(segment_path(rdv_name))
+
+
+def test_a_create_interrupted_after_its_file_exists_removes_it(rdv_name, monkeypatch):
+    """Whatever ends a create between making the file and initialising it
+    (here a KeyboardInterrupt from inside the core's call) unlinks the file:
+    the next open of the name is not met by a segment never initialised."""
+    from shmrdv import rendezvous
+
+    class Interrupting:
+        def __getattr__(self, name):
+            if name == "rdv_create_flags":
+                def interrupted(*args):
+                    raise KeyboardInterrupt
+                return interrupted
+            return getattr(real, name)
+
+    real = rendezvous.lib
+    monkeypatch.setattr(rendezvous, "lib", Interrupting())
+    with pytest.raises(KeyboardInterrupt):
+        shmrdv.Rendezvous(rdv_name, size=4096)
+    monkeypatch.undo()
+    assert not os.path.exists(segment_path(rdv_name))
+    with shmrdv.Rendezvous(rdv_name, size=4096, create=True) as rdv:
+        rdv.unlink()
 
 
 def test_a_waiting_receiver_holds_a_key(rdv_name):
