@@ -34,7 +34,7 @@ from .errors import (
     SegmentMismatch,
 )
 from .leftovers import sweep
-from .rendezvous import check_owner, checked_name
+from .rendezvous import check_owner, checked_name, shm_open
 from .tensors import as_array, as_tensor, bfloat16, is_tensor
 
 GROUP_PREFIX = "/shmrdv.group-"
@@ -206,7 +206,7 @@ class Group:
         if self._rank == 0:
             sweep_stale_groups()
             try:
-                shm = posix_ipc.SharedMemory(self._path, posix_ipc.O_CREX, mode=0o600)
+                shm = shm_open(self._path, f"group {self._name!r}", posix_ipc.O_CREX, mode=0o600)
             except posix_ipc.ExistentialError:
                 self._clear_stale()
                 return -errno.EAGAIN, 0
@@ -223,7 +223,7 @@ class Group:
                                       f"({os.strerror(-rc)}); is /dev/shm full?")
             return 0, ino
         try:
-            shm = posix_ipc.SharedMemory(self._path)
+            shm = shm_open(self._path, f"group {self._name!r}")
         except posix_ipc.ExistentialError:
             return -errno.ENOENT, 0
         try:
@@ -264,7 +264,7 @@ class Group:
     def _clear_stale(self) -> None:
         """Rank 0 found the name taken: by a live job (an error), or left by a dead one (removed)."""
         try:
-            shm = posix_ipc.SharedMemory(self._path)
+            shm = shm_open(self._path, f"group {self._name!r}")
         except posix_ipc.ExistentialError:
             return
         try:

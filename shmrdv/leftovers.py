@@ -22,8 +22,8 @@ def sweep(file_prefix: str, stale: Callable[[str, int, os.stat_result], bool]) -
     for entry in entries:
         try:
             shm = posix_ipc.SharedMemory("/" + entry)
-        except (posix_ipc.ExistentialError, posix_ipc.PermissionsError, OSError):
-            continue
+        except (posix_ipc.ExistentialError, posix_ipc.PermissionsError, OSError, ValueError):
+            continue  # ValueError: no shared-memory file (a directory someone made)
         try:
             st = os.fstat(shm.fd)
             if st.st_uid != os.geteuid() or not stale(entry[len(file_prefix):], shm.fd, st):

@@ -116,6 +116,17 @@ def checked_name(name: object, what: str, max_len: int) -> str:
     return name
 
 
+def shm_open(path: str, what: str, *args: Any, **kwargs: Any) -> "posix_ipc.SharedMemory":
+    """posix_ipc.SharedMemory(path, ...), whose bare ValueError for an entry
+    that is no shared-memory file (a directory made under the name: /dev/shm
+    is writable by every user) becomes a SegmentMismatch saying so."""
+    try:
+        return posix_ipc.SharedMemory(path, *args, **kwargs)
+    except ValueError:
+        raise SegmentMismatch(f"cannot open {what}: {_segment_file(path)} is not a shared-memory file (a directory?); "
+                              f"remove it if it is yours, else use another name") from None
+
+
 def check_owner(fd: int, name: str, path: str) -> None:
     """Attach only to a segment this user owns and nobody else can open:
     another local user could have created it first, to read the tensors
@@ -741,7 +752,7 @@ class Rendezvous(fast.Handle):
         while True:
             if create is not False:
                 try:
-                    shm = posix_ipc.SharedMemory(self._path, posix_ipc.O_CREX, mode=0o600)
+                    shm = shm_open(self._path, f"rendezvous {self._name!r}", posix_ipc.O_CREX, mode=0o600)
                 except posix_ipc.ExistentialError:
                     if create:
                         raise FileExistsError(errno.EEXIST, "rendezvous already exists", self._name) from None
@@ -771,7 +782,7 @@ class Rendezvous(fast.Handle):
                     self._created = True
                     return out[0]
             try:
-                shm = posix_ipc.SharedMemory(self._path)  # shm_open: O_NOFOLLOW
+                shm = shm_open(self._path, f"rendezvous {self._name!r}")  # O_NOFOLLOW
             except posix_ipc.ExistentialError:
                 if create is False:
                     raise FileNotFoundError(errno.ENOENT, "no such rendezvous", self._name) from None

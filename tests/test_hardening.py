@@ -81,3 +81,34 @@ def test_attach_refuses_a_segment_open_to_others_or_owned_by_another_user(rdv_na
             shmrdv.Rendezvous(rdv_name, create=False)
     finally:
         os.unlink(path)
+
+
+def test_a_directory_under_a_name_is_named_and_blocks_nothing_else(rdv_name):
+    """/dev/shm is writable by every user: a directory made under a
+    rendezvous's or a group's name gets an error saying what it is, and
+    neither stops other groups, shmrdv ls or shmrdv gc from working."""
+    from shmrdv.group import GROUP_PREFIX
+
+    from .conftest import segment_path
+
+    path = segment_path(rdv_name)
+    group_dir = "/dev/shm" + GROUP_PREFIX + rdv_name + "-squat"
+    os.mkdir(path)
+    os.mkdir(group_dir)
+    try:
+        for create in (None, False):
+            with pytest.raises(shmrdv.SegmentMismatch, match=f"{path} is not a shared-memory file"):
+                shmrdv.Rendezvous(rdv_name, create=create)
+        with pytest.raises(FileExistsError):  # the name is taken
+            shmrdv.Rendezvous(rdv_name, create=True)
+        with pytest.raises(shmrdv.SegmentMismatch, match=f"{group_dir} is not a shared-memory file"):
+            shmrdv.Group(rdv_name + "-squat", 0, 1, timeout=5)
+        with shmrdv.Group(rdv_name + "-other", 0, 1, timeout=5) as g:  # rank 0's sweep passes the directory by
+            assert g.allreduce(np.ones(2)).tolist() == [1.0, 1.0]
+        ls = subprocess.run([sys.executable, "-m", "shmrdv", "ls"], capture_output=True, text=True, timeout=60)
+        assert ls.returncode == 0 and f"{rdv_name} " in ls.stdout and "not a shared-memory file" in ls.stdout, ls
+        gc = subprocess.run([sys.executable, "-m", "shmrdv", "gc"], capture_output=True, text=True, timeout=60)
+        assert "not a shared-memory file" in gc.stderr and "Invalid parameter" not in gc.stderr, gc
+    finally:
+        os.rmdir(path)
+        os.rmdir(group_dir)
