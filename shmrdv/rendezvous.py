@@ -479,7 +479,7 @@ class Allocation:
     dtype), and whose ``__exit__`` publishes it (clean exit) or frees it
     (exception)."""
 
-    __slots__ = ("_rdv", "_key", "_kb", "_dtype", "_shape", "_timeout_ns", "_mark", "_h", "_pos", "_tensor")
+    __slots__ = ("_rdv", "_key", "_kb", "_dtype", "_shape", "_timeout_ns", "_mark", "_h", "_pos", "_tensor", "_buf")
 
     def __init__(self, rdv: "Rendezvous", key: str, kb: bytes, dtype: np.dtype, shape: Tuple[int, ...], timeout_ns: int,
                  mark: Optional[Mark] = None, tensor: bool = False) -> None:
@@ -489,6 +489,7 @@ class Allocation:
         self._tensor = tensor
         self._h: Any = None
         self._pos = -1
+        self._buf: Any = None  # the array open gave: sealed (read-only) when the block is published or freed
 
     def __enter__(self) -> Any:
         return self.open()
@@ -508,6 +509,7 @@ class Allocation:
             if type(got) is tuple:
                 self._h = h
                 self._pos, buf = got
+                self._buf = buf
                 return as_tensor(buf) if self._tensor else buf
             if got is not None:
                 self._fail_open(got, len(fast_form[1]) // 16, fast_form[2])
@@ -523,6 +525,7 @@ class Allocation:
         buf = np.frombuffer(ffi.buffer(ffi.gc(payload[0], rdv._unref), nbytes), dtype=dtype)
         if ndim != 1:
             buf = buf.reshape(shape)
+        self._buf = buf
         return as_tensor(buf) if self._tensor else buf
 
     def _fail_open(self, rc: int, ndim: int, nbytes: int) -> NoReturn:
@@ -534,6 +537,8 @@ class Allocation:
         if self._h is None:
             return
         h, self._h = self._h, None
+        fast.seal(self._buf)  # the block is no longer the producer's to write
+        self._buf = None
         if exc_type is not None:
             lib.rdv_send_discard(h, self._pos)
             return
@@ -551,6 +556,8 @@ class Allocation:
         block does."""
         if self._h is not None:
             h, self._h = self._h, None
+            fast.seal(self._buf)
+            self._buf = None
             lib.rdv_send_discard(h, self._pos)
 
     def publish(self, mark: Optional[Mark] = None) -> None:
@@ -1061,7 +1068,10 @@ class Rendezvous(fast.Handle):
 
         On clean exit of the ``with`` block the array is published under
         ``key`` exactly as ``send`` would; on an exception its space is freed
-        and nothing is sent. Do not write to the array after the block ends.
+        and nothing is sent. The array is read-only once the block ends (its
+        memory may soon hold another message): a write through it raises
+        ValueError. Views of it made inside the block, and a torch tensor,
+        cannot be sealed so: do not write through them afterwards.
         Entering blocks like ``send`` while the arena is full.
 
         ``mark=(idx, id, val0, val1)``: publishing also sets producer mark

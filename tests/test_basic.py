@@ -82,6 +82,32 @@ def test_alloc_publishes_on_clean_exit(rdv):
     np.testing.assert_array_equal(received, np.arange(20, dtype=np.float32).reshape(4, 5))
 
 
+@pytest.mark.parametrize("shape", [(4,), (2, 2)], ids=["1-d, reserved in C", "2-d"])
+@pytest.mark.parametrize("end", ["publish", "exception", "discard", "publish()"])
+def test_an_alloc_buffer_is_read_only_once_its_block_ends(rdv, shape, end):
+    """A write through the array after the with block would land in a block
+    that may already hold another message: it raises instead."""
+    for _ in range(2):  # the second time the form is known: the block is reserved in C
+        alloc = rdv.alloc("a", shape, np.float32)
+        buf = alloc.open()
+        buf[...] = 1
+        if end == "publish":
+            alloc.__exit__(None, None, None)
+        elif end == "exception":
+            alloc.__exit__(RuntimeError, RuntimeError("producer failed"), None)
+        elif end == "discard":
+            alloc.discard()
+        else:
+            alloc.publish()
+        assert not buf.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            buf[...] = 55
+        if end.startswith("publish"):
+            assert rdv.recv("a", timeout=5).tolist() == np.ones(shape, np.float32).tolist()
+    rdv.send("b", np.zeros(shape, np.float32))  # where the freed block was: untouched
+    assert not rdv.recv("b", timeout=5).any()
+
+
 def test_alloc_discards_on_exception_and_frees_its_space(rdv):
     before = rdv.stats()
     with pytest.raises(RuntimeError, match="producer failed"):
