@@ -97,9 +97,14 @@ def shape_of(shape: object, itemsize: int, what: str) -> tuple:
         out.append(int(n))
     if len(out) > lib.RDV_NDIM_MAX:
         raise InvalidArgument(f"{what}: {len(out)} dimensions, at most {lib.RDV_NDIM_MAX} are supported")
-    nbytes = itemsize
+    nbytes, spread = itemsize, itemsize  # spread: the product without the zero dimensions
     for n in out:
         nbytes *= n
+        spread *= n or 1
+    if nbytes == 0 and spread > lib.RDV_MAX_ARENA_BYTES:  # numpy could not make it either
+        raise InvalidArgument(f"{what}: shape {tuple(out)} has dimensions too large for an array: without its "
+                              f"zeros they make {spread} bytes, more than any rendezvous holds "
+                              f"(at most {lib.RDV_MAX_ARENA_BYTES})")
     if nbytes > lib.RDV_MAX_ARENA_BYTES:
         raise MessageTooLarge(f"{what}: shape {tuple(out)} is {nbytes} bytes, more than any rendezvous holds "
                               f"(at most {lib.RDV_MAX_ARENA_BYTES}): send it in parts")

@@ -522,9 +522,13 @@ class Allocation:
         if rc < 0:
             self._fail_open(rc, ndim, nbytes)
         self._h, self._pos = h, out[0]
-        buf = np.frombuffer(ffi.buffer(ffi.gc(payload[0], rdv._unref), nbytes), dtype=dtype)
-        if ndim != 1:
-            buf = buf.reshape(shape)
+        try:
+            buf = np.frombuffer(ffi.buffer(ffi.gc(payload[0], rdv._unref), nbytes), dtype=dtype)
+            if ndim != 1:
+                buf = buf.reshape(shape)
+        except BaseException:
+            self.discard()  # no array over the block: nobody else could end it
+            raise
         self._buf = buf
         return as_tensor(buf) if self._tensor else buf
 
