@@ -44,7 +44,9 @@ _ERRORS: Dict[int, Tuple[Type[RendezvousError], str]] = {
                   "its file; what lay past the cut is lost, so recreate the rendezvous (shmrdv rm NAME, then open it "
                   "again)"),
     errno.EOWNERDEAD: (SegmentMismatch, "segment never initialised: its creator died"),
-    errno.EUSERS: (RendezvousError, f"too many handles attached ({lib.RDV_MAX_PROCS})"),
+    errno.EUSERS: (RendezvousError, f"too many handles attached ({lib.RDV_MAX_PROCS}, the most a rendezvous "
+                   f"has room for): one handle per process is enough (threads share it); close() those no longer "
+                   f"needed (shmrdv stat NAME lists the processes that hold them)"),
     errno.ENOTUNIQ: (RendezvousError, "two keys share a 128-bit hash; the message was left queued"),
 }
 

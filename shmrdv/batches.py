@@ -228,7 +228,7 @@ def recv_many(rdv: "Rendezvous", key: str, max_count: int, timeout: Optional[flo
         raise
     if rc == -errno.EAGAIN and t == 0:
         return []
-    rdv._fail(rc, f"recv_many {key!r}")
+    rdv._fail(rc, f"recv_many {key!r}", partial(rdv._explain_wait, f"recv_many {key!r}", timeout))
 
 
 def _put_back_all(rdv: "Rendezvous", h: Any, waiter: Any, flags: int, infos: Any, count: int,

@@ -950,6 +950,19 @@ class Rendezvous(fast.Handle):
     def _closed_error(self) -> RendezvousError:
         return RendezvousError(f"rendezvous {self._name!r} is closed")
 
+    def _explain_wait(self, what: str, timeout: Optional[float], code: int) -> Optional[str]:
+        """The message of a receive whose timeout ran out: how long, who else
+        has the rendezvous, and where to look."""
+        if code != errno.ETIMEDOUT or timeout is None:
+            return None
+        try:
+            others = sum(1 for p in self.processes() if p.alive and p.pid != os.getpid())
+        except RendezvousError:
+            return None
+        return (f"{what}: nothing came within {timeout:g} s; {others} other live process(es) have rendezvous "
+                f"{self._name!r} attached (`shmrdv stat {self._name}` shows its keys, pending messages and "
+                f"waiting receivers)")
+
     def _constructor(self, size: int) -> str:
         """How to make a rendezvous like this one with another size, for messages."""
         return f"Rendezvous(size={size})" if self.private else f"Rendezvous({self._name!r}, size={size})"
@@ -1225,7 +1238,7 @@ class Rendezvous(fast.Handle):
             raise
         if rc == -errno.EAGAIN and empty_ok:
             return None
-        self._fail(rc, f"recv {key!r}")
+        self._fail(rc, f"recv {key!r}", partial(self._explain_wait, f"recv {key!r}", timeout))
 
     @staticmethod
     def _in_line(start: Callable[[int], int], h: Any, waiter: Any, timeout_ns: int, flags: int, which: Any,
@@ -1430,7 +1443,7 @@ class Rendezvous(fast.Handle):
         except BaseException:
             self._leave_line(h, waiter, 0, which, info)
             raise
-        self._fail(rc, f"recv_any {names!r}")
+        self._fail(rc, f"recv_any {names!r}", partial(self._explain_wait, f"recv_any {names!r}", timeout))
 
     async def arecv(self, key: str, *, timeout: Optional[float] = None, as_torch: bool = False) -> Any:
         """``recv`` for asyncio: waits without blocking the event loop (and

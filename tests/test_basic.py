@@ -4,6 +4,7 @@ import concurrent.futures
 import dataclasses
 import glob
 import os
+import re
 import stat
 
 import numpy as np
@@ -66,6 +67,13 @@ def test_recv_timeout_raises_rendezvous_timeout_which_is_a_timeout_error(rdv):
         rdv.recv("never-sent", timeout=0.05)
     assert isinstance(caught.value, TimeoutError)
     assert isinstance(caught.value, shmrdv.RendezvousError)
+    says = (f"nothing came within 0.05 s; 0 other live process(es) have rendezvous {rdv.name!r} attached "
+            f"(`shmrdv stat {rdv.name}` shows")
+    assert str(caught.value).startswith(f"recv 'never-sent': {says}"), caught.value
+    with pytest.raises(shmrdv.RendezvousTimeout, match=re.escape(f"recv_any ['a', 'b']: {says}")):
+        rdv.recv_any(["a", "b"], timeout=0.05)
+    with pytest.raises(shmrdv.RendezvousTimeout, match=re.escape(f"recv_many 'm': {says}")):
+        rdv.recv_many("m", 4, timeout=0.05)
 
 
 def test_recv_with_zero_timeout_on_empty_key_times_out(rdv):

@@ -123,3 +123,18 @@ def test_a_directory_under_a_name_is_named_and_blocks_nothing_else(rdv_name):
     finally:
         os.rmdir(path)
         os.rmdir(group_dir)
+
+
+def test_the_handle_after_the_last_entry_is_told_what_to_do(rdv_name):
+    handles = [shmrdv.Rendezvous(rdv_name, size=1 << 16, create=True)]
+    try:
+        handles += [shmrdv.Rendezvous(rdv_name) for _ in range(shmrdv.limits.MAX_PROCS - 1)]
+        with pytest.raises(shmrdv.RendezvousError, match=rf"too many handles attached \({shmrdv.limits.MAX_PROCS},"
+                                                         r".*one handle per process is enough.*close\(\)"):
+            shmrdv.Rendezvous(rdv_name)
+        handles.pop().close()
+        handles.append(shmrdv.Rendezvous(rdv_name))  # an entry given back is taken again
+    finally:
+        handles[0].unlink()
+        for h in handles:
+            h.close()
