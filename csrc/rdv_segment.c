@@ -207,15 +207,26 @@ static int validate_state(rdv_t *h) {
     return 0;
 }
 
-int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, uint32_t flags, rdv_t **out) {
-    if (arena_size == 0 || arena_size > RDV_MAX_ARENA || max_keys == 0 || max_keys > RDV_MAX_KEYS ||
-        (flags & ~KNOWN_FLAGS) || both_page_flags(flags))
+/* The layout of a new segment: 0, or -EINVAL for sizes it cannot have. */
+static int plan_new(struct layout *l, uint64_t arena_size, uint64_t max_keys) {
+    if (arena_size == 0 || arena_size > RDV_MAX_ARENA || max_keys == 0 || max_keys > RDV_MAX_KEYS)
         return -EINVAL;
     uint64_t slots = 64;
     while (slots < 2 * max_keys) /* load factor at most 1/2 */
         slots *= 2;
+    plan(l, round_up(arena_size, RDV_PAGE), slots);
+    return 0;
+}
+
+uint64_t rdv_segment_bytes(uint64_t arena_size, uint64_t max_keys) {
     struct layout l;
-    plan(&l, round_up(arena_size, RDV_PAGE), slots);
+    return plan_new(&l, arena_size, max_keys) < 0 ? 0 : l.total;
+}
+
+int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, uint32_t flags, rdv_t **out) {
+    struct layout l;
+    if ((flags & ~KNOWN_FLAGS) || both_page_flags(flags) || plan_new(&l, arena_size, max_keys) < 0)
+        return -EINVAL;
     l.flags = flags;
     /* Held until rdv_segment_publish, or dropped with the caller's file
      * description if creation fails or we die: attachers that meanwhile

@@ -85,6 +85,10 @@ int rdv_create(int fd, uint64_t arena_size, uint64_t max_keys, rdv_t **out);
  * makes them huge. */
 #define RDV_CREATE_NO_PREFAULT 2
 int rdv_create_flags(int fd, uint64_t arena_size, uint64_t max_keys, uint32_t flags, rdv_t **out);
+/* Bytes of /dev/shm a new segment with this arena and max_keys takes (its
+ * file's size: arena, side table, key index, header, process table, home
+ * slabs); 0 if no segment can have them. */
+uint64_t rdv_segment_bytes(uint64_t arena_size, uint64_t max_keys);
 /* Where this handle maps its segment: for a caller that asks the kernel how
  * the mapping is backed (/proc/self/smaps). */
 void rdv_mapping(rdv_t *h, uint64_t *base, uint64_t *len);

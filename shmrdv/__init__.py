@@ -20,6 +20,7 @@ from .errors import (
     RendezvousError,
     RendezvousTimeout,
     SegmentMismatch,
+    SharedMemoryFull,
     HugePagesUnavailable,
     TooManyKeys,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "RendezvousError",
     "RendezvousTimeout",
     "SegmentMismatch",
+    "SharedMemoryFull",
     "HugePagesUnavailable",
     "Stats",
     "TooManyKeys",

@@ -48,6 +48,11 @@ class SegmentMismatch(RendezvousError):
     """The shared-memory segment is not a compatible, intact shmrdv rendezvous."""
 
 
+class SharedMemoryFull(RendezvousError, OSError):
+    """/dev/shm has no room for a new rendezvous of the size asked for (errno
+    ENOSPC); the message says what it needs, what is free, and what fits."""
+
+
 class HugePagesUnavailable(RendezvousError):
     """``huge_pages=True`` on a machine whose /dev/shm gives no huge pages (the message says why and what would)."""
 

@@ -22,7 +22,8 @@ from .codec import shape_of as _shape_of
 from .codec import dtype_of as _dtype_of
 from .codec import key_bytes as _key_bytes
 from .codec import timeout_ns as _timeout_ns
-from .errors import HugePagesUnavailable, InvalidArgument, InvalidType, RendezvousError, RendezvousTimeout, SegmentMismatch
+from .errors import (HugePagesUnavailable, InvalidArgument, InvalidType, RendezvousError, RendezvousTimeout,
+                     SegmentMismatch, SharedMemoryFull)
 from .huge_pages import offered as huge_pages_offered
 from .leftovers import pid_gone, sweep
 from .stats import KeyInfo, ProcessInfo, Stats
@@ -416,15 +417,39 @@ async def _with_timeout(start: Callable[[], Any], timeout: Optional[float], what
         raise RendezvousTimeout(f"{what}: timed out after {seconds:g} s") from None
 
 
-def _no_space_message(name: str, arena: int) -> str:
+def default_max_keys(arena: int) -> int:
+    """max_keys of a rendezvous created without one: size/4096, clamped to 1,024..1,048,576."""
+    return max(1024, min(arena // 4096, 1 << 20))
+
+
+def no_space_error(what: str, arena: int, max_keys: Optional[int], size_word: str = "size") -> SharedMemoryFull:
+    """The error of a create that /dev/shm has no room for: what the segment
+    needs, what is free, the largest ``size_word`` that fits now (with
+    max_keys None: its default for each size, as a create without it gets)."""
+
+    def needs(size: int) -> int:
+        return int(lib.rdv_segment_bytes(size, default_max_keys(size) if max_keys is None else max_keys))
+
     try:
         st = os.statvfs("/dev/shm")
-        free = f"{st.f_bavail * st.f_frsize} bytes free"
+        free: Optional[int] = st.f_bavail * st.f_frsize
     except OSError:
-        free = "free space unknown"
-    return (f"cannot create rendezvous {name!r}: /dev/shm has no room for its {arena}-byte arena "
-            f"plus index ({free}); free space there or enlarge it (docker --shm-size, "
-            f"a memory-backed emptyDir in Kubernetes)")
+        free = None
+    if free is None:
+        advice = "free space unknown; "
+    else:
+        lo, hi = 0, arena // _PAGE - 1  # in pages: the largest arena whose segment fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if needs(mid * _PAGE) <= free else (lo, mid - 1)
+        fits = lo * _PAGE if lo and needs(lo * _PAGE) <= free else 0
+        advice = f"{free:,} bytes free; " + (f"pass a smaller {size_word}= ({size_word}={fits} fits now), " if fits else
+                                            f"not even the smallest rendezvous ({needs(_PAGE):,} bytes) fits: ")
+    return SharedMemoryFull(
+        errno.ENOSPC,
+        f"{what}: /dev/shm has no room: the segment needs {needs(arena):,} bytes (its {arena:,}-byte arena, key "
+        f"index, side table and process table) and /dev/shm has {advice}free space there, or enlarge it "
+        f"(docker run --shm-size, a memory-backed emptyDir in Kubernetes)")
 
 
 def unlink_segment(name: str) -> None:
@@ -703,7 +728,8 @@ class Rendezvous(fast.Handle):
             raise InvalidType(f"create must be None, True or False, not {create!r}")
         req_size = None if size is None else arena_size(size)
         arena = DEFAULT_SIZE if req_size is None else req_size
-        keys = max(1024, min(arena // 4096, 1 << 20)) if max_keys is None else _positive_int(max_keys, "max_keys")
+        keys = default_max_keys(arena) if max_keys is None else _positive_int(max_keys, "max_keys")
+        self._keys_given = max_keys is not None
         if keys > limits.MAX_KEYS:
             raise InvalidArgument(f"max_keys is at most {limits.MAX_KEYS:,} (shmrdv.MAX_KEYS), got {keys:,}")
         wait_ns = _timeout_ns(timeout)
@@ -782,7 +808,8 @@ class Rendezvous(fast.Handle):
                     if rc < 0:
                         posix_ipc.unlink_shared_memory(self._path)
                         if rc == -errno.ENOSPC:
-                            raise RendezvousError(_no_space_message(self._name, arena))
+                            raise no_space_error(f"cannot create rendezvous {self._name!r}", arena,
+                                                 max_keys if self._keys_given else None)
                         if rc == -errno.EOPNOTSUPP and flags & lib.RDV_CREATE_HUGE_PAGES:
                             why = offer.why if offer is not None and not offer.available else \
                                 "the kernel refuses to advise huge pages for it (MADV_HUGEPAGE)"

@@ -11,11 +11,20 @@ import pytest
 
 CHILD = textwrap.dedent(
     """
-    import os, sys, shmrdv
+    import os, re, sys, shmrdv
     try:
         shmrdv.Rendezvous("small-shm", size=8 << 20, create=True, prefault=sys.argv[1] == "True")
-    except shmrdv.RendezvousError as exc:
-        print("ERROR", exc)
+    except shmrdv.SharedMemoryFull as exc:
+        print("ERROR", exc.errno, exc)
+        fits = int(re.search(r"size=(\\d+) fits now", str(exc)).group(1))
+        with shmrdv.Rendezvous("fits", size=fits, create=True) as rdv:  # what it says fits does
+            rdv.unlink()
+        print("FITS", fits)
+    from shmrdv.loader import DataLoader
+    try:
+        list(DataLoader(list(range(4)), batch_size=2, num_workers=1))
+    except shmrdv.SharedMemoryFull as exc:
+        print("LOADER", exc)
     print("LEFT", sorted(os.listdir("/dev/shm")))
     """
 )
@@ -32,7 +41,11 @@ def test_full_dev_shm_fails_at_creation_with_sizes(prefault):
     if run.returncode != 0 and ("Operation not permitted" in run.stderr or "permission denied" in run.stderr.lower()):
         pytest.skip(f"cannot make a private /dev/shm here: {run.stderr.strip()}")
     assert run.returncode == 0, run.stderr
-    assert "ERROR" in run.stdout, run.stdout
-    error = run.stdout.split("ERROR", 1)[1]
-    assert "8388608-byte arena" in error and "bytes free" in error and "--shm-size" in error
-    assert "LEFT []" in run.stdout  # the failed segment was removed
+    assert "ERROR 28" in run.stdout, run.stdout  # errno ENOSPC
+    error = run.stdout.split("ERROR", 1)[1].splitlines()[0]
+    assert "8,388,608-byte arena" in error and "1,048,576 bytes free" in error and "--shm-size" in error, error
+    assert "the segment needs" in error and "fits now" in error, error
+    assert "FITS" in run.stdout, run.stdout
+    loader = run.stdout.split("LOADER", 1)[1].splitlines()[0]
+    assert "DataLoader: cannot reserve its shared memory" in loader and "shm_size=" in loader, loader
+    assert "LEFT []" in run.stdout  # the failed segments were removed

@@ -25,9 +25,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
-from ..errors import InvalidArgument, RendezvousTimeout
+from ..errors import InvalidArgument, RendezvousTimeout, SharedMemoryFull
 from ..limits import MAX_MARKS, MAX_PROCS
-from ..rendezvous import Rendezvous, arena_size, private_name, unlink_segment
+from ..rendezvous import Rendezvous, arena_size, no_space_error, private_name, unlink_segment
 from . import batch as wire
 from . import sampling
 from .failures import LoaderTimeout, worker_died, worker_exception
@@ -107,7 +107,10 @@ class _Arena:
             # Not prefaulted: the trainer wants its first batch, not the whole
             # arena mapped first (256 MiB: ~100 ms of a CPU the starting
             # workers need); each page is faulted in as batches first reach it.
-            self.rdv = Rendezvous(self.name, size=size, create=True, prefault=False)
+            try:
+                self.rdv = Rendezvous(self.name, size=size, create=True, prefault=False)
+            except SharedMemoryFull:
+                raise no_space_error("DataLoader: cannot reserve its shared memory", size, None, "shm_size") from None
         return self.rdv
 
     def release(self) -> None:
