@@ -66,7 +66,14 @@ class RecvFuture(Future):  # type: ignore[type-arg]
         return self._comp.cancel(self)
 
     def result(self, timeout: Optional[float] = None) -> Any:
-        super().result(timeout)  # waits; raises the error, or CancelledError
+        try:
+            super().result(timeout)  # waits; raises the error, or CancelledError
+        except (KeyboardInterrupt, SystemExit):
+            # Ctrl-C while waiting: as a cancelled await, leave the line or put
+            # a message handed over meanwhile back, rather than keep taking
+            # messages for a caller that has gone
+            self._abandon()
+            raise
         return self._comp.materialize(self)
 
     def _finish(self, exc: Optional[BaseException] = None) -> bool:

@@ -1,6 +1,7 @@
 """The rendezvous segments on this machine, for the operations commands
 (``shmrdv ls``, ``stat``, ``rm``, ``gc``)."""
 import os
+import re
 from typing import List
 
 from .rendezvous import SEGMENT_PREFIX
@@ -41,6 +42,25 @@ def human_bytes(n: float) -> str:
 
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+# Units the command line takes, case-insensitive; binary all: K = KiB = 1024 B, M = MiB, G = GiB.
+SIZE_UNITS = {"b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
+UNITS_TEXT = "B, K, KiB, M, MiB, G, GiB (case-insensitive; K = KiB = 1024 B)"
+_SIZE_RE = re.compile(r"([0-9]+)\s*([a-z]*)\Z")
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count as the command line takes one: a whole number of bytes,
+    or of one of the units (SIZE_UNITS): "64", "64B", "4k", "16MiB" (the
+    reverse of human_bytes). ValueError saying what is accepted otherwise."""
+    match = _SIZE_RE.match(text.strip().lower())
+    if not match:
+        raise ValueError(f"not a size: {text.strip()!r}: a whole number, optionally with one of the units "
+                         f"{UNITS_TEXT}, e.g. 64B, 4KiB, 16MiB")
+    if match.group(2) and match.group(2) not in SIZE_UNITS:
+        unit = text.strip()[len(text.strip()) - len(match.group(2)):]
+        raise ValueError(f"unknown unit {unit!r} in {text.strip()!r}: the units are {UNITS_TEXT}")
+    return int(match.group(1)) * SIZE_UNITS.get(match.group(2), 1)
 
 
 def others(processes, pid: int):

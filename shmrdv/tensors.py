@@ -82,8 +82,12 @@ def _not_numpy(t: Any, what: str, exc: Optional[BaseException] = None) -> Invali
         return InvalidType(f"{what}: a quantized tensor ({dtype}) has no numpy counterpart: send t.dequantize(), "
                            f"or t.int_repr() with its scale and zero point")
     because = f" ({exc})" if exc is not None else ""
+    wider = "torch.complex64" if dtype.is_complex else "torch.float32"  # keeps the imaginary part
+    if getattr(t, "is_nested", False):
+        return InvalidType(f"{what}: a nested tensor has no numpy counterpart: send its components one by one "
+                           f"(t.unbind()), or pad it first (t.to_padded_tensor(0))")
     return InvalidType(f"{what}: a {dtype} tensor has no numpy counterpart{because}: convert it first, e.g. "
-                       f"t.to(torch.float32), or send its bytes, t.view(torch.uint8)")
+                       f"t.to({wider}), or send its bytes, t.view(torch.uint8)")
 
 
 def as_array(obj: Any, what: str, out: bool = False) -> Tuple[np.ndarray, bool]:
@@ -99,6 +103,8 @@ def as_array(obj: Any, what: str, out: bool = False) -> Tuple[np.ndarray, bool]:
     if is_tensor(obj):
         torch = _torch()
         t = obj.detach()
+        if t.device.type == "meta":
+            raise InvalidType(f"{what}: a meta tensor holds no data to send (it has only a shape and a dtype)")
         if t.device.type != "cpu":
             raise InvalidType(f"{what}: a {t.device.type} tensor; shmrdv moves CPU tensors: call .cpu() first")
         if t.layout != torch.strided:

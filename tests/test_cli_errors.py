@@ -100,9 +100,14 @@ def test_version():
     (["--token-file", "/nonexistent/token"], ["cannot read token file", "No such file or directory"]),
     (["--token-file", "/"], ["cannot read token file", "Is a directory"]),
     (["--tls-cert", "/nonexistent/c.pem", "--tls-key", "/nonexistent/k.pem"], ["cannot load --tls-cert"]),
-    (["--size", "0"], ["--size", "at least 1"]),
+    (["--size", "0"], ["--size", "must be positive"]),
+    (["--size", "5"], ["--size", "multiple of 4096", "use --size 4096"]),
+    (["--size", "1.5M"], ["--size", "not a size", "KiB"]),
+    (["--deadline", "-1"], ["--deadline", "at least 0"]),
+    (["--drain-timeout", "nan"], ["--drain-timeout", "at least 0"]),
     (["--route", "no-equals-sign"], ["PREFIX=URL"]),
-], ids=["missing-token", "token-is-a-directory", "tls", "size", "route"])
+], ids=["missing-token", "token-is-a-directory", "tls", "size", "size-not-a-page", "size-unit", "deadline",
+        "drain-timeout", "route"])
 def test_bridge_configuration_errors(rdv_name, extra, words):
     run = shmrdv_cli("bridge", "--name", rdv_name, "--listen", "127.0.0.1:0", *extra, timeout=30)
     assert_one_line(run, 2, *words)

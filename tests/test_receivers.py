@@ -126,6 +126,23 @@ def test_cancel_follows_concurrent_futures(rdv):
     assert rdv.stats().pending_messages == 1
 
 
+@pytest.mark.timeout(60)
+def test_ctrl_c_in_result_leaves_the_line(rdv):
+    """A KeyboardInterrupt while result() waits takes the future out of
+    line, as a cancelled await does: the next message stays queued for
+    whoever asks next, and a result() timeout (TimeoutError) keeps it."""
+    fut = rdv.recv_async("c")
+    with pytest.raises(cf.TimeoutError):
+        fut.result(timeout=0.01)
+    assert rdv.stats().waiters == 1  # a timeout of result() is no cancel
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        fut.result()
+    assert fut.cancelled() and rdv.stats().waiters == 0
+    rdv.send("c", one(3))
+    assert int(rdv.recv("c", timeout=5)[0]) == 3
+
+
 def test_close_cancels_every_pending_future(rdv_name):
     rdv = shmrdv.Rendezvous(rdv_name, create=True)
     try:

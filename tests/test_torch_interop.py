@@ -383,12 +383,13 @@ def test_the_sender_keeps_its_tensor_and_its_grad(rdv):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("make, words", [
-    (lambda: torch.empty(3, device="meta"), ["meta tensor", ".cpu()"]),
-    (lambda: torch.zeros(3, dtype=torch.complex32), ["complex32", "no numpy counterpart", "t.to("]),
+    (lambda: torch.empty(3, device="meta"), ["meta tensor holds no data"]),
+    (lambda: torch.zeros(3, dtype=torch.complex32), ["complex32", "no numpy counterpart", "t.to(torch.complex64)"]),
+    (lambda: torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)]), ["nested tensor", "t.unbind()"]),
     (lambda: torch.zeros(3, dtype=torch.float8_e4m3fn), ["float8_e4m3fn", "no numpy counterpart"]),
     (lambda: torch.quantize_per_tensor(torch.zeros(3), 0.1, 0, torch.qint8), ["quantized", "dequantize()"]),
     (lambda: torch.eye(3).to_sparse(), ["sparse", ".to_dense()"]),
-], ids=["meta-device", "complex32", "float8", "quantized", "sparse"])
+], ids=["meta-device", "complex32", "nested", "float8", "quantized", "sparse"])
 def test_tensors_shmrdv_cannot_move_raise_invalid_type(rdv, make, words):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's own, about complex32 and quantized tensors

@@ -3,11 +3,10 @@
 from __future__ import annotations
 import argparse
 import json
-import re
 from typing import Any, Callable, Dict
 import numpy as np
 
-from ..segments import human_bytes
+from ..segments import human_bytes, parse_bytes
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -57,25 +56,16 @@ def arena_bytes(nbytes: int) -> int:
 # The one byte format of the command line; "human_size" is its name here and in benchmarks/.
 human_size = human_bytes
 
-# --sizes units, case-insensitive; binary all: K = KiB = 1024 B, M = MiB, G = GiB.
-SIZE_UNITS = {"b": 1, "k": KiB, "kib": KiB, "m": MiB, "mib": MiB, "g": 1024 * MiB, "gib": 1024 * MiB}
-_SIZE_RE = re.compile(r"([0-9]+)\s*([a-z]*)\Z")
-
 
 def parse_size(text: str) -> int:
     """A message size: a whole number of bytes, or of one of B, K, KiB, M, MiB, G, GiB
     (case-insensitive; K and KiB are both 1024 bytes): "64", "64B", "4k", "16MiB".
     It must be a positive multiple of the arrays' element size (float32: 4 bytes).
     Anything else is an argparse.ArgumentTypeError telling what is accepted."""
-    units = "B, K, KiB, M, MiB, G, GiB (case-insensitive; K = KiB = 1024 B)"
-    match = _SIZE_RE.match(text.strip().lower())
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a size: {text.strip()!r}: a whole number, optionally with one of "
-                                         f"the units {units}, e.g. 64B, 4KiB, 16MiB")
-    if match.group(2) and match.group(2) not in SIZE_UNITS:
-        unit = text.strip()[len(text.strip()) - len(match.group(2)):]
-        raise argparse.ArgumentTypeError(f"unknown unit {unit!r} in {text.strip()!r}: the units are {units}")
-    nbytes = int(match.group(1)) * SIZE_UNITS.get(match.group(2), 1)
+    try:
+        nbytes = parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     item = np.dtype(DATA_DTYPE).itemsize
     if nbytes <= 0 or nbytes % item:
         raise argparse.ArgumentTypeError(

@@ -8,6 +8,8 @@ import posix_ipc
 
 from .. import _binding
 from ..errors import RendezvousError
+from ..rendezvous import arena_size
+from ..segments import parse_bytes
 
 # The rule Rendezvous applies to a name, checked while parsing the arguments.
 _NAME_MAX = int(_binding.lib.RDV_NAME_MAX)
@@ -60,12 +62,33 @@ def count(text: str) -> int:
     return _int_at_least(text, 0)
 
 
-def seconds(text: str) -> float:
-    """argparse type of a timeout: a positive, finite number of seconds."""
+def arena_bytes(text: str) -> int:
+    """argparse type of an arena size: bytes, or with a unit ("64MiB", "1G"),
+    a multiple of 4096 up to shmrdv.MAX_SIZE."""
     try:
-        value = float(text)
+        return arena_size(parse_bytes(text), "size")
+    except (ValueError, RendezvousError) as exc:  # InvalidArgument is both
+        raise argparse.ArgumentTypeError(str(exc).replace("size=", "--size ")) from None
+
+
+def seconds_or_zero(text: str) -> float:
+    """argparse type of a wait that may be 0: a finite number of seconds, at least 0."""
+    value = _number(text)
+    if not 0 <= value < 1e9:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and less than 1e9 seconds, got {text}")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+
+
+def seconds(text: str) -> float:
+    """argparse type of a timeout: a positive, finite number of seconds."""
+    value = _number(text)
     if not 0 < value < 1e9:
         raise argparse.ArgumentTypeError(f"must be more than 0 and less than 1e9 seconds, got {text}")
     return value

@@ -16,31 +16,39 @@ from ..bridge.service import MAX_CONNECTIONS, MAX_PER_ADDRESS, Bridge, is_loopba
 from ..errors import InvalidArgument
 from ..rendezvous import unlink_segment
 from ..segments import others
-from ._common import CommandError, UsageError, describe, open_showing_progress, positive_int, rendezvous_name, seconds
+from ._common import (CommandError, UsageError, arena_bytes, describe, open_showing_progress, positive_int,
+                      rendezvous_name, seconds, seconds_or_zero)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", required=True, type=rendezvous_name, help="the rendezvous to serve (created if absent)")
     p.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to accept bridges and clients on (port 0: any)")
-    p.add_argument("--size", type=positive_int, default=None, help="arena bytes when creating the rendezvous")
+    p.add_argument("--size", type=arena_bytes, default=None,
+                   help="arena size when creating the rendezvous: bytes, or with a unit (64MiB, 1G); default 64 MiB")
     p.add_argument("--token-file", help="file holding the shared token (surrounding whitespace ignored); required off loopback")
     p.add_argument("--tls-cert", help="PEM certificate: serve TLS")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
     p.add_argument("--tls-ca", help="CA bundle to verify tls:// bridges this one forwards to (default: system)")
     p.add_argument("--route", action="append", default=[], metavar="PREFIX=URL",
                    help="a remote task and its bridge; told about aborts (sends carry their own routes)")
-    p.add_argument("--deadline", type=float, default=300.0, help="seconds a message may wait for an unreachable bridge before the rendezvous is aborted (0: forever)")
-    p.add_argument("--drain-timeout", type=float, default=10.0, help="seconds to wait for acknowledgements when stopping")
+    p.add_argument("--deadline", type=seconds_or_zero, default=300.0,
+                   help="seconds a message may wait for an unreachable bridge before the rendezvous is aborted "
+                        "(0: forever; default %(default)g)")
+    p.add_argument("--drain-timeout", type=seconds_or_zero, default=10.0,
+                   help="seconds to wait for acknowledgements when stopping (default %(default)g)")
     p.add_argument("--handshake-timeout", type=seconds, default=HANDSHAKE_TIMEOUT_S,
-                   help="seconds a connection has to authenticate, all of its handshake together")
+                   help="seconds a connection has to authenticate, all of its handshake together (default %(default)g)")
     p.add_argument("--idle-timeout", type=seconds, default=IDLE_TIMEOUT_S,
                    help="seconds an authenticated peer may go silent in the middle of a message (or leave what "
-                        "the bridge sends unread) before it is dropped and its half-received message freed")
+                        "the bridge sends unread) before it is dropped and its half-received message freed "
+                        "(default %(default)g)")
     p.add_argument("--max-connections", type=positive_int, default=MAX_CONNECTIONS,
-                   help="connections served at once; more are closed at once")
+                   help="connections served at once; more are closed at once (default %(default)s)")
     p.add_argument("--max-per-address", type=positive_int, default=MAX_PER_ADDRESS,
-                   help="connections from one peer address served at once; more are closed at once")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+                   help="connections from one peer address served at once; more are closed at once "
+                        "(default %(default)s)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="default %(default)s")
 
 
 def _configuration(args: argparse.Namespace) -> Tuple[str, int, bytes, Dict[str, str], Optional[ssl.SSLContext]]:
