@@ -18,7 +18,7 @@ def test_import_contracts_hold():
     lint = str(beside) if beside.exists() else shutil.which("lint-imports")
     if lint is None:
         pytest.skip("import-linter is not installed (pip install -e '.[test]')")
-    run = subprocess.run([lint, str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True, timeout=100)
+    run = subprocess.run([lint, "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True, timeout=100)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "6 kept, 0 broken" in run.stdout, run.stdout
 

@@ -4,6 +4,7 @@ Children attach with create=False, pass a timeout to every blocking call, and re
 multiprocessing queue or their exit code; an unexpected exception gives a non-zero exit code.
 """
 
+import concurrent.futures
 import multiprocessing
 import os
 import random
@@ -302,7 +303,7 @@ def soak_worker(name, incarnation, n_keys, log_path, stop_path, seed):
                     fut = rdv.recv_async(key)
                     try:
                         view = fut.result(timeout=0.02)
-                    except TimeoutError:
+                    except concurrent.futures.TimeoutError:  # the builtin one from Python 3.11 on only
                         if fut.cancel():
                             continue
                         view = fut.result()  # handed over before the cancel: ours

@@ -130,7 +130,7 @@ def _child_main(cpu: int, lifetime_s: int, target: Callable[..., None], args: Se
         sys.exit(128 + signal.SIGINT)
     except Exception as exc:
         with contextlib.suppress(Exception):
-            errors.send((_exception_line(exc), "".join(traceback.format_exception(exc))))
+            errors.send((_exception_line(exc), "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
         sys.exit(1)
     finally:
         errors.close()

@@ -449,7 +449,7 @@ class Reader:
             try:
                 n = sock.recv_into(view)
             except OSError as exc:
-                if self.deadline is not None and isinstance(exc, TimeoutError):
+                if self.deadline is not None and isinstance(exc, SOCKET_TIMEOUT):
                     raise ConnectionLost("deadline passed while reading") from exc
                 if _timed_out(exc, "SSLWantReadError") and self.on_quiet is not None:
                     if self.on_quiet():
@@ -516,12 +516,17 @@ def send_all(sock: socket.socket, parts: List[Buffer]) -> None:
         raise ConnectionLost(f"connection failed: {exc}") from exc
 
 
+# A socket's Python-level timeout: socket.timeout, which is TimeoutError
+# from Python 3.10 on and only an OSError before.
+SOCKET_TIMEOUT = (TimeoutError, socket.timeout)
+
+
 def _timed_out(exc: OSError, tls_error: str) -> bool:
     """Whether exc is an idle timeout set by set_io_timeouts passing: a
     blocking socket's SO_RCVTIMEO or SO_SNDTIMEO (EAGAIN), a TLS socket's
     Python-level timeout (TimeoutError), or on TLS the ssl error named
     tls_error (want-read, want-write)."""
-    if isinstance(exc, (BlockingIOError, TimeoutError)):
+    if isinstance(exc, (BlockingIOError, SOCKET_TIMEOUT)):
         return True
     ssl = sys.modules.get("ssl")  # no TLS socket exists unless ssl was loaded
     return ssl is not None and isinstance(exc, getattr(ssl, tls_error))
