@@ -1526,7 +1526,11 @@ class Rendezvous(fast.Handle):
         down or has not linked to it yet."""
         if not isinstance(reason, str):
             raise InvalidType(f"reason must be a str, not {type(reason).__name__}")
-        rb = reason.encode("utf-8")
+        try:
+            rb = reason.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidArgument(f"abort reason holds a lone surrogate ({reason[exc.start:exc.end]!r}): a reason is "
+                                  f"a str of valid Unicode") from None
         if len(rb) > lib.RDV_REASON_MAX:
             raise InvalidArgument(f"abort reason is {len(rb)} bytes of UTF-8, more than the {lib.RDV_REASON_MAX} "
                                   f"a rendezvous keeps: shorten it")

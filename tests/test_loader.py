@@ -305,6 +305,9 @@ def test_arguments_checked_like_torch():
             DataLoader(ds.Squares(), **kwargs)
         with pytest.raises(ValueError, match=word):
             TorchLoader(ds.Squares(), **kwargs)
+    for timeout in (float("nan"), True):  # which torch takes, to wait forever or for a second
+        with pytest.raises(ValueError, match="timeout"):
+            DataLoader(ds.Squares(), timeout=timeout)
     with pytest.raises(ValueError, match="output"):
         DataLoader(ds.Squares(), output="jax")
     with pytest.raises(ValueError, match="shuffle"):

@@ -194,6 +194,8 @@ def test_an_attacher_of_an_aborted_rendezvous_gets_the_same_message(rdv):
 def test_an_abort_reason_over_1024_bytes_raises_instead_of_being_cut(rdv):
     with pytest.raises(shmrdv.InvalidArgument, match="1026 bytes of UTF-8, more than the 1024"):
         rdv.abort("é" * 513)
+    with pytest.raises(shmrdv.InvalidArgument, match="lone surrogate"):
+        rdv.abort("bad \udcff")
     assert not rdv.stats().aborted
     reason = "é" * 512  # exactly 1024 bytes: kept whole
     rdv.abort(reason)
