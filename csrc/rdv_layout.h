@@ -194,9 +194,10 @@ struct rdv_proc {
     uint64_t key_count;
     uint32_t spare_a[6];
     /* Lock words naming this entry that its holders hold or are about to
-     * take (rdv_lock.c): never 0 while one of them legitimately names it,
-     * so a lock word that names a live entry holding nothing is damage. On
-     * a line of its own from the bell's, which other processes write. */
+     * take (rdv_lock.c), with thread_holds below: their sum is never 0
+     * while one of them legitimately names it, so a lock word that names a
+     * live entry holding nothing is damage. On a line of its own from the
+     * bell's, which other processes write. */
     uint32_t locks_held;
     uint32_t pad1;
     /* The kept block (rdv_arena.c): the position + 1 of the block this

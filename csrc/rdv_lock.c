@@ -16,7 +16,9 @@
 /* Thread slots: a process's first RDV_HOLD_SLOTS threads to lock count
  * their holds as their own entry in a word each (rdv_proc.thread_holds),
  * with plain (release) stores; the rest of its threads, and holds as another entry
- * (a reclaimer's, a hand-over's), share locks_held with locked adds. Which
+ * (a reclaimer's, a hand-over's, and all of a handle's that registers into
+ * a full table, acting as the dead entry it reclaims), share locks_held
+ * with locked adds. Which
  * slot a thread has is the process's, not a segment's: bit i of
  * slots_taken, released when the thread exits (a thread holds no lock
  * between core calls, so it leaves its slot 0 in every segment). */
@@ -43,6 +45,11 @@ static void give_slot_back(void *unused) {
      * next thread's (its acquire CAS in take_slot) */
     if (mine.slot && mine.slot != NO_SLOT)
         rdv_fetch_and(&slots_taken, ~(1u << (mine.slot - 1)), __ATOMIC_RELEASE);
+    /* A core call from a later destructor of this thread's must not write
+     * the slot given back (another thread may own it now): the shared word
+     * from here on (a lock in another segment would ask anew, and this
+     * destructor run again to give that back). */
+    mine.slot = NO_SLOT;
 }
 
 /* A fork child has one thread: the one that forked keeps its slot. */
@@ -100,7 +107,7 @@ static void count_hold(rdv_t *h, uint32_t who, int delta) {
         return; /* not counted by us (a dead holder's lock we free): see rdv_lock_forget */
     uint16_t n = (uint16_t)(m->held[e] + delta);
     m->held[e] = n;
-    if (e == h->me && m->slot != NO_SLOT) {
+    if (e == h->me && !h->acting && m->slot != NO_SLOT) {
         /* release: an increment is visible before the CAS that takes the
          * lock (which a waiter reads with acquire before the count), a
          * decrement only after the store that frees it, so the count covers

@@ -3,9 +3,11 @@
  * died; it then calls the handle's dead_holder hook, which reaches recovery
  * (rdv_recover.c) without this layer calling up into it. Held for a handful
  * of stores, never across a wait or a copy. Each entry counts the locks
- * its holders hold or are taking (locks_held), so a waiter can also tell a
- * lock word that damage set to a live entry's value: that entry holds
- * nothing, check after check, and the word is freed. */
+ * its holders hold or are taking (a word per thread for a process's first
+ * threads, thread_holds, and the shared locks_held for the rest), so a
+ * waiter can also tell a lock word that damage set to a live entry's
+ * value: that entry holds nothing, check after check, and the word is
+ * freed. */
 #ifndef RDV_LOCK_H
 #define RDV_LOCK_H
 

@@ -84,6 +84,9 @@ def dtype_code(dtype: np.dtype) -> bytes:
     return code
 
 
+_INTP_MAX = int(np.iinfo(np.intp).max)
+
+
 def shape_of(shape: object, itemsize: int, what: str) -> tuple:
     """Check a shape argument: an int or a tuple/list of ints (no floats, no
     strings), each non-negative, whose bytes could fit a rendezvous."""
@@ -101,10 +104,9 @@ def shape_of(shape: object, itemsize: int, what: str) -> tuple:
     for n in out:
         nbytes *= n
         spread *= n or 1
-    if nbytes == 0 and spread > lib.RDV_MAX_ARENA_BYTES:  # numpy could not make it either
+    if nbytes == 0 and spread > _INTP_MAX:  # numpy could not make it either
         raise InvalidArgument(f"{what}: shape {tuple(out)} has dimensions too large for an array: without its "
-                              f"zeros they make {spread} bytes, more than any rendezvous holds "
-                              f"(at most {lib.RDV_MAX_ARENA_BYTES})")
+                              f"zeros they make {spread} bytes, more than numpy can index ({_INTP_MAX})")
     if nbytes > lib.RDV_MAX_ARENA_BYTES:
         raise MessageTooLarge(f"{what}: shape {tuple(out)} is {nbytes} bytes, more than any rendezvous holds "
                               f"(at most {lib.RDV_MAX_ARENA_BYTES}): send it in parts")

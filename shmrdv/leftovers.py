@@ -45,6 +45,6 @@ def pid_gone(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except PermissionError:
-        pass  # someone else's: alive
+    except (PermissionError, OverflowError, ValueError):
+        pass  # someone else's: alive; or no pid at all: not known to be gone
     return False

@@ -41,5 +41,4 @@ FOREVER_NS = int(lib.RDV_FOREVER_NS)
 """A timeout this long or longer (2**62 ns, about 146 years) waits forever."""
 
 __all__ = ["KEY_MAX", "NDIM_MAX", "DTYPE_MAX", "REASON_MAX", "NAME_MAX", "MAX_MARKS", "MAX_ARENA_BYTES", "MAX_KEYS",
-           "MAX_PROCS",
-           "LAYOUT_VERSION", "FOREVER_NS"]
+           "MAX_PROCS", "LAYOUT_VERSION", "FOREVER_NS"]

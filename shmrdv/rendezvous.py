@@ -1,5 +1,6 @@
 """``Rendezvous``: send and receive numpy tensors by key through one POSIX
 shared-memory segment shared by every process that opens the same name."""
+import contextlib
 import errno
 import math
 import os
@@ -45,8 +46,9 @@ segment that is still initialising it (see ``timeout``)."""
 _CREATOR_GRACE_S = 1.0
 _PAGE = 4096
 MAX_SIZE = limits.MAX_ARENA_BYTES
-MAX_KEYS = limits.MAX_KEYS
 """The largest arena a rendezvous can have, in bytes (2**36 - 4096, about 64 GiB)."""
+MAX_KEYS = limits.MAX_KEYS
+"""The largest max_keys a rendezvous can have (2**24)."""
 _MSG_HEADER = 64  # sizeof(struct rdv_msg), csrc/rdv_layout.h
 
 
@@ -81,6 +83,17 @@ def private_name() -> str:
     return f"private-{os.getpid()}-{os.urandom(6).hex()}"  # not secrets: it loads hmac
 
 
+# private_name()'s form: kept for private rendezvous, which the sweep below
+# may remove once their creator is gone; no other name is ever swept.
+_PRIVATE_RE = re.compile(r"private-([0-9]{1,10})-[0-9a-f]{12}\Z", re.ASCII)
+
+
+def private_pid(name: str) -> Optional[int]:
+    """The creator's pid in a name of private_name()'s form, else None."""
+    match = _PRIVATE_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
 def sweep_dead_private() -> List[str]:
     """Remove this user's private rendezvous whose creating process is gone
     and that no process has attached: what a creator killed before it could
@@ -88,11 +101,14 @@ def sweep_dead_private() -> List[str]:
     ``Rendezvous()`` and by ``shmrdv gc``; returns the names removed."""
 
     def stale(rest: str, fd: int, st: os.stat_result) -> bool:
-        pid = rest.split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or not pid_gone(int(pid)):
+        pid = private_pid("private-" + rest)
+        if pid is None or pid == os.getpid() or not pid_gone(pid):
             return False
-        # nobody attached; nor creating it, which an empty file this young may be (from another pid namespace)
-        return not lib.rdv_segment_in_use(fd) and not (st.st_size == 0 and time.time() - st.st_ctime < _CREATOR_GRACE_S)
+        # Nobody attached, nor creating it: a file this young may be a
+        # creator's (from another pid namespace) between its steps, when no
+        # byte of it is locked for a moment (before the first, or after
+        # publishing it and before attaching as an entry).
+        return not lib.rdv_segment_in_use(fd) and time.time() - st.st_ctime >= _CREATOR_GRACE_S
 
     return ["private-" + rest for rest in sweep(SEGMENT_PREFIX.lstrip("/") + "private-", stale)]
 
@@ -410,9 +426,14 @@ async def _with_timeout(start: Callable[[], Any], timeout: Optional[float], what
         if hasattr(asyncio, "timeout"):  # Python 3.11+
             async with asyncio.timeout(seconds):
                 return await fut
-        # before 3.11: wait_for cancels fut on timeout just as the block does,
-        # which takes its receive out of line
-        return await asyncio.wait_for(fut, seconds)
+        # before 3.11: wait_for wraps fut in a task and cancels that, which
+        # takes the receive out of line only if the task ever ran (with a
+        # timeout of 0 it never does): leave the line here too
+        try:
+            return await asyncio.wait_for(fut, seconds)
+        except asyncio.TimeoutError:
+            fut._abandon()  # idempotent
+            raise
     except (TimeoutError, asyncio.TimeoutError):  # one class from 3.11 on, two before
         raise RendezvousTimeout(f"{what}: timed out after {seconds:g} s") from None
 
@@ -726,6 +747,16 @@ class Rendezvous(fast.Handle):
         name = checked_name(name, "name", lib.RDV_NAME_MAX)
         if create not in (None, True, False):
             raise InvalidType(f"create must be None, True or False, not {create!r}")
+        owner = private_pid(name)
+        if not private and owner is not None and owner != os.getpid():
+            # Another process's private name (its children attach by it): the
+            # sweep may remove such a segment once that pid is gone, so only
+            # its own process ever creates one.
+            if create:
+                raise InvalidArgument(f"{name!r} has the form of process {owner}'s private rendezvous names "
+                                      f"(private-PID-HEX), which only Rendezvous() with no name makes: use another "
+                                      f"name, or attach to it (create=False)")
+            create = False
         req_size = None if size is None else arena_size(size)
         arena = DEFAULT_SIZE if req_size is None else req_size
         keys = default_max_keys(arena) if max_keys is None else _positive_int(max_keys, "max_keys")
@@ -801,7 +832,10 @@ class Rendezvous(fast.Handle):
                         else:
                             rc = lib.rdv_create_flags(shm.fd, arena, max_keys, flags, out)
                     except BaseException:
-                        posix_ipc.unlink_shared_memory(self._path)  # ours, never initialised: not left behind
+                        if out[0] != ffi.NULL:  # made before the exception came: let it go too
+                            lib.rdv_close(out[0])
+                        with contextlib.suppress(posix_ipc.ExistentialError):
+                            posix_ipc.unlink_shared_memory(self._path)  # ours, never initialised: not left behind
                         raise
                     finally:
                         shm.close_fd()
@@ -983,10 +1017,10 @@ class Rendezvous(fast.Handle):
         if code != errno.ETIMEDOUT or timeout is None:
             return None
         try:
-            others = sum(1 for p in self.processes() if p.alive and p.pid != os.getpid())
+            others = len({p.pid for p in self.processes() if p.alive and p.pid != os.getpid()})
         except RendezvousError:
             return None
-        return (f"{what}: nothing came within {timeout:g} s; {others} other live process(es) have rendezvous "
+        return (f"{what}: nothing came within {float(timeout):g} s; {others} other live process(es) have rendezvous "
                 f"{self._name!r} attached (`shmrdv stat {self._name}` shows its keys, pending messages and "
                 f"waiting receivers)")
 

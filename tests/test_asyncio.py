@@ -84,9 +84,15 @@ def test_a_timeout_without_asyncio_timeout_leaves_the_line(rdv, monkeypatch):
     monkeypatch.delattr(asyncio, "timeout", raising=False)
 
     async def main():
-        with pytest.raises(shmrdv.RendezvousTimeout, match=r"arecv 'late': timed out after 0.05 s"):
-            await rdv.arecv("late", timeout=0.05)
-        assert rdv.stats().waiters == 0
+        for timeout in (0.05, 0):  # 0: wait_for cancels its task before it ever runs
+            with pytest.raises(shmrdv.RendezvousTimeout, match=rf"arecv 'late': timed out after {timeout:g} s"):
+                await rdv.arecv("late", timeout=timeout)
+            assert rdv.stats().waiters == 0
+        rdv.send("queued", one(4))
+        try:  # a message there already: taken, or (timed out at once) left where it was
+            assert int((await rdv.arecv("queued", timeout=0))[0]) == 4
+        except shmrdv.RendezvousTimeout:
+            assert int(rdv.recv("queued", timeout=5)[0]) == 4
         rdv.send("soon", one(5))
         assert int((await rdv.arecv("soon", timeout=5))[0]) == 5
 

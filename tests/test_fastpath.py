@@ -751,3 +751,7 @@ def test_numpy_numbers_are_timeouts_too(rdv):
         rdv.recv("k", timeout=np.int64(0))
     with pytest.raises(shmrdv.InvalidArgument, match="timeout"):
         rdv.recv("k", timeout=np.int64(-1))
+    from fractions import Fraction
+
+    with pytest.raises(shmrdv.RendezvousTimeout, match="nothing came within 0.05 s"):  # any real number
+        rdv.recv("k", timeout=Fraction(1, 20))

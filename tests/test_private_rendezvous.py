@@ -19,6 +19,7 @@ import pytest
 
 import shmrdv
 from shmrdv.leftovers import pid_gone
+from shmrdv.rendezvous import _CREATOR_GRACE_S, private_name
 
 from .conftest import MiB, SHM_DIR, segment_path
 
@@ -178,11 +179,14 @@ def test_a_spawned_child_given_the_rendezvous_sends_to_the_parent(children, leav
 
 def killed_creator(extra: str = "") -> str:
     """The name of a private rendezvous whose creator was SIGKILLed (after
-    running extra), which therefore could not unlink it."""
+    running extra), which therefore could not unlink it. Made under its
+    private name rather than by Rendezvous(), whose own sweep would remove
+    what earlier calls left."""
     code = textwrap.dedent("""\
         import os, signal
         import shmrdv
-        rdv = shmrdv.Rendezvous(size=1 << 20)
+        from shmrdv.rendezvous import private_name
+        rdv = shmrdv.Rendezvous(private_name(), size=1 << 20, create=True)
         print(rdv.name, flush=True)
         """) + textwrap.dedent(extra) + "os.kill(os.getpid(), signal.SIGKILL)\n"
     process = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, timeout=60)
@@ -216,11 +220,13 @@ def test_the_next_private_rendezvous_or_gc_removes_what_a_killed_creator_left(le
     """A creator killed by a signal cannot unlink: the next Rendezvous()
     on the machine (this user's) removes it, and so does a plain shmrdv gc."""
     first, second = killed_creator(), killed_creator()
+    time.sleep(_CREATOR_GRACE_S)  # younger, they could be a creator's between its steps
     try:
         with shmrdv.Rendezvous(size=1 << 20) as rdv:
             assert not os.path.exists(segment_path(first)) and not os.path.exists(segment_path(second))
             assert os.path.exists(segment_path(rdv.name))  # not ours, of course
         third = killed_creator()
+        time.sleep(_CREATOR_GRACE_S)
         gc = subprocess.run([sys.executable, "-m", "shmrdv", "gc"], capture_output=True, text=True, timeout=60)
         assert gc.returncode == 0, gc.stderr
         assert f"{third}: private, its creator is gone and nobody has it attached: removed" in gc.stdout, gc.stdout
@@ -246,6 +252,7 @@ def test_a_private_rendezvous_a_live_process_still_has_stays(leaves_nothing):
             os._exit(0)
         os.read(ready, 1)
         """)
+    time.sleep(_CREATOR_GRACE_S)
     try:
         with shmrdv.Rendezvous(name, create=False) as rdv:
             holder = next(p for p in rdv.processes() if p.alive and p.pid != os.getpid())
@@ -261,3 +268,28 @@ def test_a_private_rendezvous_a_live_process_still_has_stays(leaves_nothing):
             assert not os.path.exists(segment_path(name))
     finally:
         remove_if_left(name)
+
+
+@pytest.mark.timeout(60)
+def test_only_private_names_are_swept_and_only_their_process_creates_one(rdv_name, leaves_nothing):
+    """A name of the private form names a process's private rendezvous: made
+    for another pid it is refused (create=True) or only attached to; a name
+    that merely starts so is an ordinary one, which no sweep touches."""
+    foreign = "private-4242-0123456789ab"
+    with pytest.raises(shmrdv.InvalidArgument, match="process 4242's private rendezvous names"):
+        shmrdv.Rendezvous(foreign, size=1 << 20, create=True)
+    with pytest.raises(FileNotFoundError):
+        shmrdv.Rendezvous(foreign, size=1 << 20)  # attach only: never created
+    assert not os.path.exists(segment_path(foreign))
+    for ordinary in ("private-4242-run", "private-2147483648", "private-99999999999-0123456789ab"):
+        shmrdv.Rendezvous(ordinary, size=1 << 20, create=True).close()  # left, with nobody attached
+    try:
+        time.sleep(_CREATOR_GRACE_S)
+        with shmrdv.Rendezvous(size=1 << 20):  # sweeps: passes them by, and nothing in them breaks it
+            pass
+        for ordinary in ("private-4242-run", "private-2147483648", "private-99999999999-0123456789ab"):
+            assert os.path.exists(segment_path(ordinary)), ordinary
+    finally:
+        for ordinary in ("private-4242-run", "private-2147483648", "private-99999999999-0123456789ab"):
+            remove_if_left(ordinary)
+    assert private_name().startswith(f"private-{os.getpid()}-")
