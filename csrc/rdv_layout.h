@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rdv_atomic.h"
 #include "shmrdv.h"
 
 #define RDV_MAGIC 0x31564452524d4853ULL /* "SHMRRDV1" little-endian */
@@ -234,6 +235,16 @@ _Static_assert(offsetof(struct rdv_proc, locks_held) == RDV_LINE, "locks_held st
 _Static_assert(offsetof(struct rdv_proc, thread_holds) + sizeof(uint32_t) * RDV_HOLD_SLOTS <= 2 * RDV_LINE,
                "the thread slots share locks_held's line");
 _Static_assert(offsetof(struct rdv_proc, kept_pos) == RDV_LINE + 8, "the kept block, on our own line");
+
+/* The entry holds no lock: its counts (locks_held and thread_holds) start
+ * again at 0, for a claim (rdv_live.c) and a reclaim (rdv_lock.c's
+ * rdv_lock_forget). seq_cst, release: as the stores of rdv_lock.c's
+ * count_hold; pair with the loads of its holds_nothing. */
+static inline void rdv_proc_clear_holds(struct rdv_proc *p) {
+    smp_store_seq_cst(&p->locks_held, 0);
+    for (uint32_t i = 0; i < RDV_HOLD_SLOTS; i++)
+        smp_store_release(&p->thread_holds[i], 0);
+}
 _Static_assert(RDV_MAX_PROCS % 64 == 0, "space_wanting is whole words");
 
 #define RDV_KC_SLOT_BITS 26 /* slot + 1 <= 2 * RDV_MAX_KEYS = 2^25 */

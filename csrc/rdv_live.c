@@ -50,11 +50,9 @@ int rdv_live_claim(rdv_t *h) {
         p->pid = (uint32_t)rdv_pid();
         p->attached_ns = rdv_wall_ns();
         p->bell_sleepers = 0; /* a sleeper that died asleep leaves it high */
-        /* so does a holder that died (rdv_lock.c); relaxed: published with
-         * the entry by the release of ALIVE below, which holds_nothing acquires */
-        WRITE_ONCE(p->locks_held, 0);
-        for (uint32_t t = 0; t < RDV_HOLD_SLOTS; t++)
-            WRITE_ONCE(p->thread_holds[t], 0); /* relaxed: as locks_held */
+        /* so does a holder that died (rdv_lock.c); published with the
+         * entry by the release of ALIVE below, which holds_nothing acquires */
+        rdv_proc_clear_holds(p);
         p->mark_state = 0; /* zero already, unless damaged: no change of ours in flight */
         h->me = i;
         /* release: publishes pid and the cleared words to readers of state */

@@ -217,10 +217,4 @@ void rdv_unlock(rdv_t *h, uint32_t *klock) {
         count_hold(h, holder, -1);
 }
 
-void rdv_lock_forget(rdv_t *h, uint32_t entry) {
-    struct rdv_proc *p = &h->kprocs[entry];
-    /* seq_cst: as in count_hold */
-    smp_store_seq_cst(&p->locks_held, 0);
-    for (uint32_t i = 0; i < RDV_HOLD_SLOTS; i++)
-        smp_store_release(&p->thread_holds[i], 0); /* release: as in count_hold */
-}
+void rdv_lock_forget(rdv_t *h, uint32_t entry) { rdv_proc_clear_holds(&h->kprocs[entry]); }
