@@ -33,7 +33,7 @@ from .errors import (
     RendezvousTimeout,
     SegmentMismatch,
 )
-from .leftovers import sweep
+from .leftovers import CREATOR_GRACE_S, sweep
 from .rendezvous import check_owner, checked_name, shm_open
 from .tensors import as_array, as_tensor, bfloat16, is_tensor
 
@@ -81,7 +81,6 @@ def _dtype_of(code: int) -> Optional[np.dtype]:
     return next((d for d, c in _DTYPES.items() if c == code), None)
 _INTEGRAL = "biu"  # numpy kinds the bitwise ops take
 _META_DIMS = 3 + limits.NDIM_MAX  # scatter's header: dtype code, ndim, shape, whether a tensor
-_CREATOR_GRACE_S = 1.0  # as a rendezvous: an unlocked, uninitialised segment younger than this may be starting
 _EINPROGRESS = -errno.EINPROGRESS
 _EFAULT = -errno.EFAULT
 _ALLREDUCE, _BARRIER, _NULL = lib.RDV_COLL_ALLREDUCE, lib.RDV_COLL_BARRIER, ffi.NULL  # the short paths' constants
@@ -111,7 +110,7 @@ def sweep_stale_groups() -> List[str]:
         if lib.rdv_coll_creator_alive(fd, 0, pid):
             return False
         # a creator between its O_EXCL and its lock (microseconds) has a young, empty file
-        return not (st.st_size == 0 and time.time() - st.st_ctime < _CREATOR_GRACE_S)
+        return not (st.st_size == 0 and time.time() - st.st_ctime < CREATOR_GRACE_S)
 
     return sweep(GROUP_PREFIX.lstrip("/"), stale)
 
@@ -244,7 +243,7 @@ class Group:
             creator = lib.rdv_coll_creator_alive(shm.fd, 0, pid)
         finally:
             shm.close_fd()
-        stale = not creator and (rc != -errno.EOWNERDEAD or time.time() - st.st_ctime >= _CREATOR_GRACE_S)
+        stale = not creator and (rc != -errno.EOWNERDEAD or time.time() - st.st_ctime >= CREATOR_GRACE_S)
         if stale:  # left by a job whose rank 0 is gone: not ours to join
             self._unlink_if(st.st_ino)
             return -errno.EAGAIN, 0
@@ -277,7 +276,7 @@ class Group:
         if creator:
             raise RendezvousError(f"creating group {self._name!r}: a job is using this name (its rank 0 is pid "
                                   f"{pid[0]}); give each job its own group name")
-        if time.time() - st.st_ctime >= _CREATOR_GRACE_S or st.st_size > 0:
+        if time.time() - st.st_ctime >= CREATOR_GRACE_S or st.st_size > 0:
             self._unlink_if(st.st_ino)
 
     def _unlink_if(self, ino: int) -> None:

@@ -7,6 +7,12 @@ from typing import Callable, List
 import posix_ipc
 
 SHM_DIR = "/dev/shm"
+# A segment nobody holds a lock of is judged left over only once its file is
+# this old: a creator is between its steps for a moment with no lock of it
+# held (between creating the file and taking its creator's lock; a
+# rendezvous's also between publishing it and claiming its entry), a few
+# microseconds unless it is descheduled. For rendezvous and groups alike.
+CREATOR_GRACE_S = 1.0
 
 
 def sweep(file_prefix: str, stale: Callable[[str, int, os.stat_result], bool]) -> List[str]:

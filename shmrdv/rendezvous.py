@@ -26,7 +26,7 @@ from .codec import timeout_ns as _timeout_ns
 from .errors import (HugePagesUnavailable, InvalidArgument, InvalidType, RendezvousError, RendezvousTimeout,
                      SegmentMismatch, SharedMemoryFull)
 from .huge_pages import offered as huge_pages_offered
-from .leftovers import pid_gone, sweep
+from .leftovers import CREATOR_GRACE_S, pid_gone, sweep
 from .stats import KeyInfo, ProcessInfo, Stats
 from .tensors import as_tensor, check_as_torch, is_torch_dtype, numpy_dtype, tensor_dtype_ok
 
@@ -40,10 +40,6 @@ _MAX_PROCS = limits.MAX_PROCS  # the segment's process table
 OPEN_TIMEOUT = 60.0
 """Seconds ``Rendezvous(...)`` waits, by default, for the creator of a
 segment that is still initialising it (see ``timeout``)."""
-# An uninitialised segment nobody is creating is judged dead only once its
-# file is this old: covers a creator between creating the file and taking
-# its creator's lock (a few microseconds, unless it is descheduled).
-_CREATOR_GRACE_S = 1.0
 _PAGE = 4096
 MAX_SIZE = limits.MAX_ARENA_BYTES
 """The largest arena a rendezvous can have, in bytes (2**36 - 4096, about 64 GiB)."""
@@ -108,7 +104,7 @@ def sweep_dead_private() -> List[str]:
         # creator's (from another pid namespace) between its steps, when no
         # byte of it is locked for a moment (before the first, or after
         # publishing it and before attaching as an entry).
-        return not lib.rdv_segment_in_use(fd) and time.time() - st.st_ctime >= _CREATOR_GRACE_S
+        return not lib.rdv_segment_in_use(fd) and time.time() - st.st_ctime >= CREATOR_GRACE_S
 
     return ["private-" + rest for rest in sweep(SEGMENT_PREFIX.lstrip("/") + "private-", stale)]
 
@@ -760,7 +756,6 @@ class Rendezvous(fast.Handle):
         req_size = None if size is None else arena_size(size)
         arena = DEFAULT_SIZE if req_size is None else req_size
         keys = default_max_keys(arena) if max_keys is None else _positive_int(max_keys, "max_keys")
-        self._keys_given = max_keys is not None
         if keys > limits.MAX_KEYS:
             raise InvalidArgument(f"max_keys is at most {limits.MAX_KEYS:,} (shmrdv.MAX_KEYS), got {keys:,}")
         wait_ns = _timeout_ns(timeout)
@@ -774,7 +769,7 @@ class Rendezvous(fast.Handle):
         self._name = name
         self._path = SEGMENT_PREFIX + name
         flags = (lib.RDV_CREATE_HUGE_PAGES if huge_pages else 0) | (lib.RDV_CREATE_NO_PREFAULT if prefault is False else 0)
-        self._h = self._open(arena, keys, create, wait_ns, flags)
+        self._h = self._open(arena, keys, create, wait_ns, flags, asked_keys=max_keys)
         self._capacity = int(lib.rdv_capacity(self._h))
         if private:
             self._finalizer = weakref.finalize(self, _unlink_private, name, os.getpid())
@@ -813,7 +808,11 @@ class Rendezvous(fast.Handle):
 
     # ---- lifecycle ---------------------------------------------------------
 
-    def _open(self, arena: int, max_keys: int, create: Optional[bool], wait_ns: int = -1, flags: int = 0) -> Any:
+    def _open(self, arena: int, max_keys: int, create: Optional[bool], wait_ns: int = -1, flags: int = 0,
+              asked_keys: Optional[int] = None) -> Any:
+        """The handle: created or attached. ``asked_keys``: the max_keys the
+        caller gave (None: the default for each size), for what a create
+        that /dev/shm has no room for says would fit."""
         out = ffi.new("rdv_t **")
         deadline = None if wait_ns < 0 else time.monotonic() + wait_ns / 1e9
         pause = 0.001
@@ -842,8 +841,7 @@ class Rendezvous(fast.Handle):
                     if rc < 0:
                         posix_ipc.unlink_shared_memory(self._path)
                         if rc == -errno.ENOSPC:
-                            raise no_space_error(f"cannot create rendezvous {self._name!r}", arena,
-                                                 max_keys if self._keys_given else None)
+                            raise no_space_error(f"cannot create rendezvous {self._name!r}", arena, asked_keys)
                         if rc == -errno.EOPNOTSUPP and flags & lib.RDV_CREATE_HUGE_PAGES:
                             why = offer.why if offer is not None and not offer.available else \
                                 "the kernel refuses to advise huge pages for it (MADV_HUGEPAGE)"
@@ -876,7 +874,7 @@ class Rendezvous(fast.Handle):
                 # EOWNERDEAD: nobody is: a creator that died, unless the file
                 # is so new that its creator may not have locked it yet.
                 late = deadline is not None and time.monotonic() >= deadline
-                if rc == -errno.EOWNERDEAD and (age >= _CREATOR_GRACE_S or late):
+                if rc == -errno.EOWNERDEAD and (age >= CREATOR_GRACE_S or late):
                     raise SegmentMismatch(
                         f"rendezvous {self._name!r} was never initialised: the process that created its segment "
                         f"died before finishing (or it is not a shmrdv segment); remove it (shmrdv rm {self._name}) "

@@ -18,6 +18,7 @@ import pytest
 
 import shmrdv
 from shmrdv import rendezvous as core
+from shmrdv.leftovers import CREATOR_GRACE_S
 
 from .conftest import segment_path
 
@@ -108,7 +109,7 @@ def test_an_attacher_gives_up_after_its_timeout_saying_the_creator_is_alive(rdv_
     # Once that creator is gone, its segment is known to be dead.
     stop.set()
     child.join(30)
-    time.sleep(core._CREATOR_GRACE_S)
+    time.sleep(CREATOR_GRACE_S)
     with pytest.raises(shmrdv.SegmentMismatch, match="creat.* died"):
         shmrdv.Rendezvous(rdv_name, create=False, timeout=60)
     children.join()
@@ -137,14 +138,14 @@ def test_a_segment_whose_creator_died_fails_quickly_saying_how_to_remove_it(rdv_
     text = str(raised.value)
     assert f"rendezvous {rdv_name!r} was never initialised" in text
     assert "died" in text and f"shmrdv rm {rdv_name}" in text
-    assert elapsed < core._CREATOR_GRACE_S + 3, elapsed
+    assert elapsed < CREATOR_GRACE_S + 3, elapsed
     assert os.path.exists(segment_path(rdv_name))  # left for the user to remove, as the message says
 
 
 @pytest.mark.timeout(60)
 def test_an_old_dead_segment_fails_at_once(rdv_name):
     write_dead_segment(rdv_name, MIN_SEGMENT_BYTES)
-    time.sleep(core._CREATOR_GRACE_S + 0.1)
+    time.sleep(CREATOR_GRACE_S + 0.1)
     begin = time.monotonic()
     with pytest.raises(shmrdv.SegmentMismatch, match="died"):
         shmrdv.Rendezvous(rdv_name, create=False)
@@ -153,7 +154,7 @@ def test_an_old_dead_segment_fails_at_once(rdv_name):
 
 def test_removing_a_dead_segment_lets_the_name_be_created_again(rdv_name):
     write_dead_segment(rdv_name, MIN_SEGMENT_BYTES)
-    time.sleep(core._CREATOR_GRACE_S + 0.1)
+    time.sleep(CREATOR_GRACE_S + 0.1)
     with pytest.raises(shmrdv.SegmentMismatch):
         shmrdv.Rendezvous(rdv_name)
     core.unlink_segment(rdv_name)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import shmrdv
-from shmrdv.leftovers import pid_gone
-from shmrdv.rendezvous import _CREATOR_GRACE_S, private_name
+from shmrdv.leftovers import CREATOR_GRACE_S, pid_gone
+from shmrdv.rendezvous import private_name
 
 from .conftest import MiB, SHM_DIR, segment_path
 
@@ -220,13 +220,13 @@ def test_the_next_private_rendezvous_or_gc_removes_what_a_killed_creator_left(le
     """A creator killed by a signal cannot unlink: the next Rendezvous()
     on the machine (this user's) removes it, and so does a plain shmrdv gc."""
     first, second = killed_creator(), killed_creator()
-    time.sleep(_CREATOR_GRACE_S)  # younger, they could be a creator's between its steps
+    time.sleep(CREATOR_GRACE_S)  # younger, they could be a creator's between its steps
     try:
         with shmrdv.Rendezvous(size=1 << 20) as rdv:
             assert not os.path.exists(segment_path(first)) and not os.path.exists(segment_path(second))
             assert os.path.exists(segment_path(rdv.name))  # not ours, of course
         third = killed_creator()
-        time.sleep(_CREATOR_GRACE_S)
+        time.sleep(CREATOR_GRACE_S)
         gc = subprocess.run([sys.executable, "-m", "shmrdv", "gc"], capture_output=True, text=True, timeout=60)
         assert gc.returncode == 0, gc.stderr
         assert f"{third}: private, its creator is gone and nobody has it attached: removed" in gc.stdout, gc.stdout
@@ -252,7 +252,7 @@ def test_a_private_rendezvous_a_live_process_still_has_stays(leaves_nothing):
             os._exit(0)
         os.read(ready, 1)
         """)
-    time.sleep(_CREATOR_GRACE_S)
+    time.sleep(CREATOR_GRACE_S)
     try:
         with shmrdv.Rendezvous(name, create=False) as rdv:
             holder = next(p for p in rdv.processes() if p.alive and p.pid != os.getpid())
@@ -284,7 +284,7 @@ def test_only_private_names_are_swept_and_only_their_process_creates_one(rdv_nam
     for ordinary in ("private-4242-run", "private-2147483648", "private-99999999999-0123456789ab"):
         shmrdv.Rendezvous(ordinary, size=1 << 20, create=True).close()  # left, with nobody attached
     try:
-        time.sleep(_CREATOR_GRACE_S)
+        time.sleep(CREATOR_GRACE_S)
         with shmrdv.Rendezvous(size=1 << 20):  # sweeps: passes them by, and nothing in them breaks it
             pass
         for ordinary in ("private-4242-run", "private-2147483648", "private-99999999999-0123456789ab"):
