@@ -181,8 +181,8 @@ def parse_key(key: str) -> ParsedKey:
     """Split a TF-style key into its parts, as ``Rendezvous::ParseKey`` does:
     five ``;``-separated parts, the devices device names (empty allowed), the
     incarnation hex digits (read modulo 2**64, as TensorFlow does), the edge
-    name non-empty; the fifth part is not read. ``InvalidArgument`` names
-    what is malformed."""
+    name non-empty, the fifth part non-empty but not read further.
+    ``InvalidArgument`` names what is malformed."""
     if not isinstance(key, str):
         raise InvalidType(f"key must be a str, not {type(key).__name__}")
     parts = key.split(_FIELD_SEP)
@@ -199,4 +199,7 @@ def parse_key(key: str) -> ParsedKey:
         raise InvalidArgument(f"invalid rendezvous key: its destination {dst!r} is not a device name: {key!r}")
     if not name:
         raise InvalidArgument(f"invalid rendezvous key: its edge name is empty: {key!r}")
+    if not fi:
+        # TensorFlow counts a key with an empty frame:iter part as having four parts.
+        raise InvalidArgument(f"invalid rendezvous key: its frame:iter part is empty: {key!r}")
     return ParsedKey(src, int(inc, 16) % _U64, dst, name, fi, src_name, dst_name)

@@ -61,9 +61,9 @@ def test_create_key_writes_a_default_frame_and_iter_as_tensorflow_does():
     "/cpu:0;1ed2;/gpu:0;e;0:0",  # any number of hex digits ...
     "/cpu:0;10000000000000001;/gpu:0;e;0:0",  # ... 17 of them too (read modulo 2**64)
     ";0000000000000001;;e;0:0",  # empty device names
-    "/;1;/;e;anything at all",  # "/" names no device in particular; the fifth part is not read
+    "/;1;/;e;anything at all",  # "/" names no device in particular; the fifth part is not read further
     "/job:w/replica:*/task:3/device:*;1;/job:a_1/device:TPU:*;e;0-0",
-    "/job:w/job:v;1;/device:CPU/task:2;e;",  # repeated parts, a device type with no id
+    "/job:w/job:v;1;/device:CPU/task:2;e;0:0",  # repeated parts, a device type with no id
     "/CPU:1;1;/GPU:*;e;x:y",
 ])
 def test_keys_tensorflow_accepts(key):
@@ -81,6 +81,8 @@ def test_keys_tensorflow_accepts(key):
     "/cpu:0;1;/tpu:0;e;0:0", "/cpu:0;1;/cpu:0/;e;0:0",
     "/cpu:0;1;/replica:99999999999999999999;e;0:0",  # more than 64 bits
     "/cpu:0;1;/cpu:0;;0:0",  # empty edge name
+    "/job:w;0000000000000001;/job:w;edge;",  # empty frame:iter part (TensorFlow: "!parts[4].empty()")
+    "/cpu:0;1;/cpu:0;e;",
 ])
 def test_keys_tensorflow_refuses(key):
     with pytest.raises(shmrdv.InvalidArgument, match="invalid rendezvous key"):
