@@ -955,7 +955,10 @@ class Rendezvous(fast.Handle):
         if self._h is None:
             state = "closed"
         else:
-            state = "aborted" if self.stats().aborted else "open"
+            try:
+                state = "aborted" if self.stats().aborted else "open"
+            except SegmentMismatch:  # a repr (and the unclosed warning's) must not raise
+                state = "damaged"
         return f"<Rendezvous name={self._name!r} capacity={self._capacity} state={state}>"
 
     def __reduce__(self) -> Tuple[Any, Tuple[str]]:

@@ -44,3 +44,24 @@ def test_a_process_survives_its_segment_truncated_under_it(rdv_name, cut):
     for call in ("send", "recv", "stats", "try_recv"):
         assert lines[call].startswith("SegmentMismatch") and "truncated" in lines[call], (call, out)
     assert "closed" in lines
+
+
+def test_an_unclosed_handle_of_a_truncated_segment_is_dropped_without_a_traceback(rdv_name):
+    # Its unclosed-handle warning shows its repr, which must not raise.
+    script = f"""
+import gc, os, warnings, shmrdv
+warnings.simplefilter("always")
+rdv = shmrdv.Rendezvous({rdv_name!r}, size=4 << 20, create=True)
+os.truncate({str(segment_path(rdv_name))!r}, 0)
+print(repr(rdv))
+del rdv
+gc.collect()
+"""
+    try:
+        done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    finally:
+        os.unlink(segment_path(rdv_name))
+    assert done.returncode == 0, done.stderr
+    assert "state=damaged" in done.stdout
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "ResourceWarning: unclosed <Rendezvous" in done.stderr
