@@ -149,7 +149,7 @@ def check_owner(fd: int, name: str, path: str) -> None:
     mode = stat.S_IMODE(st.st_mode)
     if st.st_uid != euid:
         raise PermissionError(errno.EACCES, f"refusing to attach to rendezvous {name!r}: its segment is owned by "
-                              f"uid {st.st_uid} ({_user(st.st_uid)}), not by this user (uid {euid}), so its owner "
+                              f"uid {st.st_uid} ({user_name(st.st_uid)}), not by this user (uid {euid}), so its owner "
                               f"can read and change what is sent through it; remove it (shmrdv rm {name}, as its "
                               f"owner or root) or use another name", _segment_file(path))
     if mode & 0o077:
@@ -158,7 +158,8 @@ def check_owner(fd: int, name: str, path: str) -> None:
                               f"(shmrdv rm {name}), or chmod 600 it if you trust what it holds", _segment_file(path))
 
 
-def _user(uid: int) -> str:
+def user_name(uid: int) -> str:
+    """The login name of a uid, for messages that name a segment's owner."""
     try:
         import pwd
 
@@ -475,6 +476,21 @@ def unlink_segment(name: str) -> None:
         posix_ipc.unlink_shared_memory(SEGMENT_PREFIX + name)
     except posix_ipc.ExistentialError:
         pass
+
+
+def segment_in_use(name: str) -> bool:
+    """Whether a live process has the segment of rendezvous ``name`` attached
+    (or is creating it), told without attaching: for root, who may remove
+    another user's segment but never attaches to it. ``FileNotFoundError``
+    if there is none."""
+    try:
+        shm = shm_open(SEGMENT_PREFIX + name, f"rendezvous {name!r}")
+    except posix_ipc.ExistentialError:
+        raise FileNotFoundError(errno.ENOENT, "no such rendezvous", name) from None
+    try:
+        return bool(lib.rdv_segment_in_use(shm.fd))
+    finally:
+        shm.close_fd()
 
 
 # alloc's (dtype, shape) arguments, as given, -> (numpy dtype, shape, torch), checked: a loop of one

@@ -2,9 +2,9 @@
 (``shmrdv ls``, ``stat``, ``rm``, ``gc``)."""
 import os
 import re
-from typing import List
+from typing import List, Optional
 
-from .rendezvous import SEGMENT_PREFIX
+from .rendezvous import SEGMENT_PREFIX, user_name
 
 SHM_DIR = "/dev/shm"
 _FILE_PREFIX = SEGMENT_PREFIX.lstrip("/")
@@ -21,6 +21,16 @@ def segment_names() -> List[str]:
 
 def segment_path(name: str) -> str:
     return os.path.join(SHM_DIR, _FILE_PREFIX + name)
+
+
+def foreign_owner(name: str) -> Optional[str]:
+    """"uid N (login)" when the segment of rendezvous ``name`` is another
+    user's (shmrdv never attaches to one), else None: ours, or none there."""
+    try:
+        uid = os.lstat(segment_path(name)).st_uid
+    except FileNotFoundError:
+        return None
+    return None if uid == os.geteuid() else f"uid {uid} ({user_name(uid)})"
 
 
 def human_bytes(n: float) -> str:

@@ -126,3 +126,47 @@ def test_rm_names_the_live_processes_it_leaves_alone(rdv):
     code, out = shmrdv_cli("rm", rdv.name)
     assert code == 1 and f"in use by live process(es) {os.getpid()}" in out and "--force" in out, out
     assert os.path.exists(segment_path(rdv.name))
+
+
+def _as_nobody(*args):
+    """shmrdv's command line run by a user who is not root (nobody). The
+    interpreter may lie where nobody cannot read (a root's pyenv): what the
+    command needs is imported first, then only the effective ids change."""
+    script = ("import contextlib, io, os, sys, shmrdv.cli, shmrdv.cli.gc, shmrdv.cli.rm\n"
+              "for command in ('gc', 'rm'):  # loads what parsing and printing help need\n"
+              "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+              "        shmrdv.cli.main([command, '--help'])\n"
+              "os.setegid(65534); os.seteuid(65534); sys.exit(shmrdv.cli.main(sys.argv[1:]))")
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a segment another user's takes root (chown)")
+@pytest.mark.timeout(120)
+def test_other_users_segments_are_passed_by_and_only_root_removes_them(rdv_name, children):
+    path = segment_path(rdv_name)
+    with shmrdv.Rendezvous(rdv_name, create=True, size=1 << 20) as rdv:
+        rdv.send("held", np.arange(10))
+    queue = children.context.Queue()
+    children.start(workers.hold_view_then_wait, rdv_name, "held", queue)
+    queue.get(timeout=30)
+    os.chown(path, 12345, -1)  # another user's, attached by a live process
+    try:
+        code, out = shmrdv_cli("gc")
+        assert code == 0, out
+        assert f"left to their owners: {rdv_name} (uid 12345" in out and "Traceback" not in out
+        code, out = shmrdv_cli("gc", rdv_name)
+        assert code == 1 and "owned by uid 12345" in out and "only its owner can collect it" in out, out
+        # A user who is not root: gc passes it by (and any other user's) with status 0; rm is refused.
+        run = _as_nobody("gc")
+        assert run.returncode == 0 and "uid 12345" in run.stdout, (run.stdout, run.stderr)
+        run = _as_nobody("rm", rdv_name)
+        assert run.returncode == 1 and "only its owner or root can remove it" in run.stderr, run.stderr
+        # Root: never attaches (no "refusing to attach"); in use, it stays unless --force.
+        code, out = shmrdv_cli("rm", rdv_name)
+        assert code == 1 and "in use by live process(es); not removed" in out and "refusing" not in out, out
+        assert os.path.exists(path)
+    finally:
+        children.kill_all()
+    code, out = shmrdv_cli("rm", rdv_name)
+    assert code == 0 and out == f"{rdv_name}: owned by uid 12345 (no such user): removed\n", out
+    assert not os.path.exists(path)

@@ -3,14 +3,16 @@ held in every (or the named) rendezvous; with --unlink-orphans, also remove
 segments that no live process has attached (their pending messages go too).
 Without names it also removes private rendezvous whose creator is gone and
 that nobody has attached, and the segments of groups whose joining never
-completed and whose rank 0 is gone."""
+completed and whose rank 0 is gone. Other users' segments are never
+attached: without names they are passed by (named, status 0); named, they
+are an error (status 1)."""
 import argparse
 import os
 import sys
 
 from ..group import sweep_stale_groups
 from ..rendezvous import Rendezvous, sweep_dead_private, unlink_segment
-from ..segments import others, segment_names
+from ..segments import foreign_owner, others, segment_names
 from ._common import SEGMENT_ERRORS, about, rendezvous_name
 
 
@@ -26,7 +28,17 @@ def run(args: argparse.Namespace) -> int:
     if not args.names:
         for name in sweep_dead_private():
             print(f"{name}: private, its creator is gone and nobody has it attached: removed")
+    passed_by = []
     for name in args.names or segment_names():
+        owner = foreign_owner(name)
+        if owner is not None:
+            if not args.names:
+                passed_by.append(f"{name} ({owner})")
+                continue
+            print(f"shmrdv gc: {name}: owned by {owner}, not by this user: only its owner can collect it",
+                  file=sys.stderr)
+            failed = 1
+            continue
         try:
             with Rendezvous(name, create=False) as rdv:
                 reclaimed = rdv.collect_garbage()
@@ -52,4 +64,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.names:
         for name in sweep_stale_groups():
             print(f"group {name}: never completed and its rank 0 is gone: removed")
+    if passed_by:
+        print(f"other users' segments, left to their owners: {', '.join(passed_by)}")
     return failed

@@ -6,14 +6,16 @@ process waiting in it wakes with ``Aborted("removed by shmrdv rm --force")``
 rather than waiting on a segment nobody can reach any more, and then removed.
 Processes still attached keep their mapping until they close; nothing is left
 in /dev/shm after. A segment that cannot be attached (damaged, or of another
-layout version) is removed without asking."""
+layout version) is removed without asking. Another user's segment is never
+attached: only root may remove it, and only once no live process has it
+attached (with ``--force``, also when one has: its waits are not woken)."""
 import argparse
 import os
 import sys
 from typing import List, Optional
 
-from ..rendezvous import Rendezvous, unlink_segment
-from ..segments import others, segment_path
+from ..rendezvous import Rendezvous, segment_in_use, unlink_segment
+from ..segments import foreign_owner, others, segment_path
 from ._common import SEGMENT_ERRORS, about, rendezvous_name
 
 ABORT_REASON = "removed by shmrdv rm --force"
@@ -41,9 +43,34 @@ def _live_pids(name: str, force: bool) -> Optional[List[int]]:
         return None
 
 
+def _remove_foreign(name: str, owner: str, force: bool) -> bool:
+    """Remove another user's segment without attaching to it; whether it was removed."""
+    if os.geteuid() != 0:
+        print(f"shmrdv rm: {name}: owned by {owner}, not by this user: only its owner or root can remove it",
+              file=sys.stderr)
+        return False
+    try:
+        in_use = segment_in_use(name)
+        if in_use and not force:
+            print(f"shmrdv rm: {name}: owned by {owner} and in use by live process(es); not removed (--force "
+                  f"removes it, but cannot wake their waits: another user's segment is never attached)",
+                  file=sys.stderr)
+            return False
+        unlink_segment(name)
+    except SEGMENT_ERRORS as exc:
+        print(f"shmrdv rm: {about(name, exc)}", file=sys.stderr)
+        return False
+    print(f"{name}: owned by {owner}: removed" + (" (still in use: its processes were not aborted)" if in_use else ""))
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     failed = 0
     for name in args.names:
+        owner = foreign_owner(name)
+        if owner is not None:
+            failed |= not _remove_foreign(name, owner, args.force)
+            continue
         try:
             if not os.path.exists(segment_path(name)):
                 raise FileNotFoundError(2, "no such rendezvous", name)
