@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -282,6 +283,33 @@ def _errors(rank, world, init_method):
     return True
 
 
+def _interrupted_wait(rank, world, init_method, flag):
+    """Rank 0's wait for an async all_reduce rank 1 never joins is interrupted
+    (Ctrl-C): the group is aborted at once, on both ranks, and
+    destroy_process_group in a finally has nothing left to wait for."""
+    _init(rank, world, init_method)
+    try:
+        if rank == 0:
+            work = dist.all_reduce(torch.ones(4), async_op=True)
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            with pytest.raises(KeyboardInterrupt):
+                work.wait()
+            deadline = time.monotonic() + 10  # far less than the collective's own timeout (RANK_TIMEOUT)
+            while not work.is_completed() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert isinstance(work.exception(), shmrdv.Aborted), work.exception()
+            open(flag, "w").close()
+        else:
+            deadline = time.monotonic() + 20
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with pytest.raises(shmrdv.Aborted, match="rank 0: a wait for a collective was interrupted"):
+                dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return True
+
+
 def _subgroups(rank, world, init_method):
     """Two disjoint new_groups at once: each its own shmrdv Group, neither waits for the other."""
     _init(rank, world, init_method)
@@ -463,6 +491,11 @@ def test_every_collective_gives_the_expected_values(ctx, tmp_path, world):
 @pytest.mark.timeout(60)
 def test_errors_surface_as_shmrdv_exceptions_and_the_group_goes_on(ctx, tmp_path):
     run_ranks(ctx, 2, _errors, _file(tmp_path))
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_in_an_async_wait_aborts_the_group_at_once(ctx, tmp_path):
+    run_ranks(ctx, 2, _interrupted_wait, _file(tmp_path), str(tmp_path / "interrupted"))
 
 
 @pytest.mark.timeout(60)

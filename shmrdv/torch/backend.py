@@ -163,7 +163,10 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         self._world = size
         self._closed = False
         self._transport = _connect(store, rank, size, timeout)
-        self._worker = Worker(f"shmrdv-pg-r{rank}", self._transport.failed)
+        self._worker = Worker(f"shmrdv-pg-r{rank}", self._transport.failed, self._abandoned)
+
+    def _abandoned(self, exc: BaseException) -> None:
+        self._transport.abort(f"rank {self.rank()}: a wait for a collective was interrupted ({type(exc).__name__})")
 
     def __repr__(self) -> str:
         return f"ProcessGroupShmrdv(rank={self.rank()}, size={self.size()}, {type(self._transport).__name__})"

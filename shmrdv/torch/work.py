@@ -95,8 +95,15 @@ class Work(dist.Work):
                 if self._event is None:
                     self._event = fresh
                 event, done = self._event, self._done
-            if not done and not event.wait(seconds if seconds > 0 else None):
-                raise RendezvousTimeout(f"the collective did not complete within {seconds} s")
+            if not done:
+                try:
+                    finished = event.wait(seconds if seconds > 0 else None)
+                except BaseException as exc:  # Ctrl-C, a signal handler's error: the caller gives the call up
+                    if self._worker is not None and not self._done:
+                        self._worker.abandoned(exc)
+                    raise
+                if not finished:
+                    raise RendezvousTimeout(f"the collective did not complete within {seconds} s")
         if self._error is not None:
             raise self._error
         return True
@@ -140,7 +147,10 @@ class Worker:
 
     ``on_error(exc)`` runs (where the collective ran) when it fails, before
     its Work is failed: there the group tells its peers, so that none waits
-    for a rank that has given up.
+    for a rank that has given up. ``on_abandon(exc)`` runs when an exception
+    (Ctrl-C) ends a wait for a call still pending: it aborts the group, as
+    the same exception in a call run on its caller's thread does, so that
+    neither this rank's worker nor the peers wait on for it.
 
     Signal handlers (Python runs them on the main thread only, at a
     function's entry and after a call returns) may interrupt a caller
@@ -154,9 +164,11 @@ class Worker:
 
     TURN_LOOK_S = 0.05
 
-    def __init__(self, name: str, on_error: Callable[[BaseException], None]) -> None:
+    def __init__(self, name: str, on_error: Callable[[BaseException], None],
+                 on_abandon: Optional[Callable[[BaseException], None]] = None) -> None:
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._on_error = on_error
+        self._on_abandon = on_abandon
         # Under _state: closed; calls submitted and not finished (queued or
         # running); the call that holds the turn (runs) and its thread.
         self._state = threading.RLock()
@@ -283,6 +295,14 @@ class Worker:
             self._failed(work, exc)
         else:
             work._finish(value)
+
+    def abandoned(self, exc: BaseException) -> None:
+        """An exception ended a wait for a call still pending (see on_abandon)."""
+        if self._on_abandon is not None:
+            try:
+                self._on_abandon(exc)
+            except Exception:  # best effort, as for on_error: the caller's exception comes first
+                pass
 
     def _failed(self, work: Work, exc: BaseException) -> None:
         try:
