@@ -69,6 +69,8 @@ def test_invalid_names_are_usage_errors(args):
     (["bench", "--transports", "carrier-pigeon"], ["unknown transport"]),
     (["bench", "--full", "--smoke"], ["exclude each other"]),
     (["bench", "--json", "/nonexistent/dir/out.json"], ["cannot write in /nonexistent/dir"]),
+    (["bench", "--collectives", "--world-size", "100"], ["--world-size", "a group has 1..64 ranks, not 100"]),
+    (["bench", "--collectives", "--world-size", "0"], ["--world-size", "a group has 1..64 ranks, not 0"]),
 ])
 def test_usage_errors(args, words):
     assert_one_line(shmrdv_cli(*args), 2, *words)
@@ -182,10 +184,18 @@ def test_head_of_the_output(many_keys, pipeline):
     ("64B,,4KiB", ["not a size: ''"]),
     ("1.5MiB", ["not a size"]),
     ("-4", ["not a size"]),
+    ("64GiB", ["size '64GiB' is more than the bench measures", "at most 17,179,865,088 bytes"]),
 ])
 def test_bench_refuses_bad_sizes(text, words):
     run = shmrdv_cli("bench", "--sizes", text, timeout=30)
     assert_one_line(run, 2, "--sizes", *words)
+
+
+def test_bench_with_every_transport_missing_fails_saying_why():
+    # Open MPI's transport needs mpirun on PATH: with none, nothing is left to measure.
+    run = subprocess.run([*CLI, "bench", "--transports", "mpi"], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "PATH": "/nonexistent"})
+    assert_one_line(run, 1, "nothing to measure: Open MPI (mpi4py): mpirun is not on PATH")
 
 
 @pytest.mark.parametrize("text, nbytes", [

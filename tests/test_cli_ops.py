@@ -11,7 +11,7 @@ import shmrdv
 from shmrdv.segments import human_bytes
 
 from . import workers
-from .conftest import segment_path
+from .conftest import run_with_private_shm, segment_path
 
 
 def shmrdv_cli(*args):
@@ -170,3 +170,9 @@ def test_other_users_segments_are_passed_by_and_only_root_removes_them(rdv_name,
     code, out = shmrdv_cli("rm", rdv_name)
     assert code == 0 and out == f"{rdv_name}: owned by uid 12345 (no such user): removed\n", out
     assert not os.path.exists(path)
+
+
+@pytest.mark.timeout(60)
+def test_gc_with_nothing_to_collect_says_so():
+    run = run_with_private_shm([sys.executable, "-m", "shmrdv", "gc"])
+    assert run.returncode == 0 and run.stdout == "no shmrdv segments in /dev/shm: nothing to collect\n", run

@@ -2,12 +2,12 @@
 fails at once with an error naming the size asked for and the space free, never a SIGBUS
 later, also for a segment whose pages are left to their first touch (prefault=False). Run
 in a private mount namespace with a 1 MiB tmpfs on /dev/shm (needs root)."""
-import shutil
-import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from .conftest import run_with_private_shm
 
 CHILD = textwrap.dedent(
     """
@@ -33,13 +33,7 @@ CHILD = textwrap.dedent(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("prefault", [True, False])
 def test_full_dev_shm_fails_at_creation_with_sizes(prefault):
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare(1) is not installed")
-    script = f"mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {sys.executable} -c '{CHILD}' {prefault}"
-    run = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                         capture_output=True, text=True, timeout=60)
-    if run.returncode != 0 and ("Operation not permitted" in run.stderr or "permission denied" in run.stderr.lower()):
-        pytest.skip(f"cannot make a private /dev/shm here: {run.stderr.strip()}")
+    run = run_with_private_shm([sys.executable, "-c", CHILD, str(prefault)], size="1m")
     assert run.returncode == 0, run.stderr
     assert "ERROR 28" in run.stdout, run.stdout  # errno ENOSPC
     error = run.stdout.split("ERROR", 1)[1].splitlines()[0]

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
+from ..group import MAX_RANKS
 from .common import CHILD_LIFETIME_S, KiB, MiB, ROUND_TRIP_SIZES, SIZES, human_size, parse_size
 from .measure import held_views_memory, keys_scaling, process_scaling, round_trip_row, throughput_row, timed_round_trips, timed_stream
 from .processes import ChildFailed, Placement, allowed_cpus, pinned, placement, sweep_segments, untold_failure
@@ -347,13 +348,27 @@ def markdown(results: Results) -> str:
         lines += [f"| {r['views']} x {human_size(r['bytes'])} = {human_size(r['held_bytes'])} | "
                   f"{r['rss_anon_growth_kib']:+,} KiB | {r['rss_shmem_growth_kib']:+,} KiB |" for r in results.held_views]
     if results.targets:
-        lines += ["", "### Targets", "", "| target | ratio | goal | met | figures |", "|---|---:|---:|---|---|"]
+        lines += ["", "### Targets", ""]
+        if results.mode == "smoke":
+            lines += [SMOKE_NOTE, ""]
+        lines += ["| target | ratio | goal | met | figures |", "|---|---:|---:|---|---|"]
         for t in results.targets:
             met = "—" if not t["goal"] else ("yes" if t["met"] else "**no**")
             lines.append(f"| {t['target']} | {t['ratio']:.2f}x | {'≥ %.3gx' % t['goal'] if t['goal'] else 'report'} | {met} | {t['detail']} |")
     if results.skipped:
         lines += [""] + [f"Skipped {TRANSPORTS[n].label}: {why}." for n, why in results.skipped.items()]
     return "\n".join(lines)
+
+
+SMOKE_NOTE = ("A smoke run (--smoke) measures a few messages of each kind to check that everything runs: "
+              "its figures, and so whether a target is met, mean nothing. Run without --smoke to measure.")
+
+
+def throughput_scale(results: Results) -> Optional[Tuple[float, float]]:
+    """The plot's throughput range, (lowest, top), from the copying transports
+    only (see plot), or None if there are none."""
+    copying = [r["gbps"] for r in results.throughput if r["transport"] != "shmrdv-alloc" and r["gbps"] > 0]
+    return (min(copying) / 2, max(copying) * 2) if copying else None
 
 
 def plot(results: Results, path: str) -> None:
@@ -369,15 +384,28 @@ def plot(results: Results, path: str) -> None:
               "shmrdv-many": ("tab:red", "^", "-."), "faster-fifo": ("tab:brown", "*", "-"),
               "mpi": ("tab:cyan", "h", "-")}
     figure, axes = plt.subplots(figsize=(8, 5), dpi=110)
+    # The scale is the copying transports': alloc/recv copies nothing once a
+    # message is written, so its large sizes would squeeze every other line
+    # into a sliver. What lies above is drawn at the top, its figures written.
+    scale = throughput_scale(results)
+    top = scale[1] if scale else None
     for name in TRANSPORTS:
         rows = sorted((r for r in results.throughput if r["transport"] == name), key=lambda r: r["bytes"])
         if not rows:
             continue
         color, marker, line = styles.get(name, ("tab:olive", ".", "-"))
-        axes.plot([r["bytes"] for r in rows], [r["gbps"] for r in rows], marker=marker, linestyle=line,
+        gbps = [r["gbps"] if top is None else min(r["gbps"], top) for r in rows]
+        axes.plot([r["bytes"] for r in rows], gbps, marker=marker, linestyle=line,
                   color=color, label=TRANSPORTS[name].label, linewidth=2 if name.startswith("shmrdv") else 1.3)
+        above = [r for r in rows if top is not None and r["gbps"] > top]
+        if above:
+            axes.text(0.01, 0.98, f"{TRANSPORTS[name].label} off the scale (nothing copied):\n"
+                      + ", ".join(f"{human_size(r['bytes'])} {r['gbps']:,.0f} GB/s" for r in above),
+                      transform=axes.transAxes, ha="left", va="top", fontsize=7, color=color)
     axes.set_xscale("log", base=2)
     axes.set_yscale("log")
+    if scale:
+        axes.set_ylim(scale[0], top * 8)  # room above the top for the note
     sizes = sorted({r["bytes"] for r in results.throughput})
     axes.set_xticks(sizes, [human_size(s) for s in sizes])
     axes.set_xlabel("message size")
@@ -386,7 +414,7 @@ def plot(results: Results, path: str) -> None:
     axes.set_title(f"float32 arrays between two processes, pinned apart\n{m.get('cpu')}, "
                    f"{m.get('cpus')} CPUs, Linux {m.get('kernel')}", fontsize=10)
     axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize=8, loc="upper left")
+    axes.legend(fontsize=8, loc="lower right")
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
@@ -395,6 +423,17 @@ def plot(results: Results, path: str) -> None:
 def parse_sizes(text: str) -> List[int]:
     """The --sizes option: comma-separated sizes (``parse_size``), sorted, each once."""
     return sorted({parse_size(item) for item in text.split(",")})
+
+
+def world_size(text: str) -> int:
+    """The --world-size option: a whole number of ranks a Group can have."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= MAX_RANKS:
+        raise argparse.ArgumentTypeError(f"a group has 1..{MAX_RANKS} ranks, not {value}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -419,8 +458,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "pages: a tmpfs mounted huge=within_size, always or advise)")
     parser.add_argument("--collectives", action="store_true",
                         help="measure shmrdv.Group's collectives against Open MPI (mpi4py) and gloo instead")
-    parser.add_argument("--world-size", type=int, default=2, metavar="N",
-                        help="ranks of the --collectives run (default 2: one per CPU on a 2-CPU machine)")
+    parser.add_argument("--world-size", type=world_size, default=2, metavar="N",
+                        help=f"ranks of the --collectives run, 1..{MAX_RANKS} (default 2: one per CPU on a 2-CPU "
+                             "machine)")
     parser.add_argument("--loader", action="store_true",
                         help="measure shmrdv.loader.DataLoader against torch's DataLoader instead (needs torch; "
                              "about two minutes, seconds with --smoke)")
@@ -520,9 +560,13 @@ def run(args: argparse.Namespace) -> int:
         why = TRANSPORTS[name].missing()
         if why:
             results.skipped[name] = why
-            print(f"skipping {TRANSPORTS[name].label}: {why}", file=sys.stderr)
         else:
             names.append(name)
+    if not names:
+        raise MeasurementFailed("nothing to measure: " + "; ".join(
+            f"{TRANSPORTS[n].label}: {why}" for n, why in results.skipped.items()))
+    for name, why in results.skipped.items():
+        print(f"skipping {TRANSPORTS[name].label}: {why}", file=sys.stderr)
     progress = Progress(count_steps(plan, names, not args.no_growth), args.quiet)
     m = results.machine
     progress.say(f"shmrdv bench ({plan.mode}): {m['cpu']}, {m['cpus']} CPUs, Linux {m['kernel']}; "

@@ -6,6 +6,7 @@ import json
 from typing import Any, Callable, Dict
 import numpy as np
 
+from ..limits import MAX_ARENA_BYTES
 from ..segments import human_bytes, parse_bytes
 
 KiB = 1024
@@ -53,6 +54,10 @@ def arena_bytes(nbytes: int) -> int:
     return max(64 * MiB, 4 * nbytes)
 
 
+# The largest message size measured: one whose arena (4 messages) a rendezvous can have.
+MAX_MESSAGE_BYTES = MAX_ARENA_BYTES // 4 // SIZE_ALIGN * SIZE_ALIGN
+
+
 # The one byte format of the command line; "human_size" is its name here and in benchmarks/.
 human_size = human_bytes
 
@@ -71,6 +76,10 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"size {text.strip()!r} is {nbytes} bytes: messages are {np.dtype(DATA_DTYPE).name} arrays, "
             f"so a size must be a positive multiple of {item} bytes")
+    if nbytes > MAX_MESSAGE_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"size {text.strip()!r} is more than the bench measures: at most {MAX_MESSAGE_BYTES:,} bytes (its "
+            f"rendezvous holds 4 messages, and a rendezvous's arena at most {MAX_ARENA_BYTES:,} bytes)")
     return nbytes
 
 

@@ -29,7 +29,10 @@ def run(args: argparse.Namespace) -> int:
         for name in sweep_dead_private():
             print(f"{name}: private, its creator is gone and nobody has it attached: removed")
     passed_by = []
-    for name in args.names or segment_names():
+    names = args.names or segment_names()
+    if not names:
+        print("no shmrdv segments in /dev/shm: nothing to collect")
+    for name in names:
         owner = foreign_owner(name)
         if owner is not None:
             if not args.names:
