@@ -20,7 +20,8 @@ run (``sweep_stale_segments``).
 """
 
 from .cleanup import alive, descendants, InterruptCleanup, stop_processes, sweep_stale_segments  # noqa: F401
-from .command import add_arguments, evaluate_targets, machine, markdown, Results, run  # noqa: F401
+from .command import add_arguments, evaluate_targets, markdown, Results, run  # noqa: F401
+from .machine import machine  # noqa: F401
 from .common import arena_bytes, CLEANUP_GRACE_S, DATA_DTYPE, human_size, JOIN_TIMEOUT_S, KiB, MESSAGE_TIMEOUT_S, MiB, parse_size, ROUND_TRIP_SIZES, SIZES, STARTUP_TIMEOUT_S  # noqa: F401
 from .measure import held_views_memory, keys_scaling, pending_keys_arena, process_scaling, round_trip_row, throughput_row, timed_round_trips, timed_stream  # noqa: F401
 from .processes import allowed_cpus, ChildFailed, Children, pinned, Placement, placement, segment_prefix, sweep_segments, unique_name, untold_failure, wait_until_ready  # noqa: F401

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .command import machine
+from .machine import machine
 from .common import write_outputs
 from .ddp import BATCH, LAYERS, compare_ddp
 from .collective_peers import (ITEM, OPS, _plan, expect, run_gloo, run_mpi, run_rank, run_spawned_ranks,

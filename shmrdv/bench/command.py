@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 import argparse
-import contextlib
-import importlib.metadata
 import importlib.util
 import json
 import os
-import platform
 import queue
 import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
-import numpy as np
 
 from ..group import MAX_RANKS
 from .common import CHILD_LIFETIME_S, KiB, MiB, ROUND_TRIP_SIZES, SIZES, human_size, parse_size
+from .errors import MeasurementFailed, OptionsError
+from .machine import machine
 from .measure import held_views_memory, keys_scaling, process_scaling, round_trip_row, throughput_row, timed_round_trips, timed_stream
 from .processes import ChildFailed, Placement, allowed_cpus, pinned, placement, sweep_segments, untold_failure
-from . import mpi_p2p
 from .transports import PEERS, TRANSPORTS, open_peer
 
 # ---------------------------------------------------------------------------
@@ -59,41 +56,6 @@ class Plan:
             return Plan("smoke", [64, 4 * KiB, 1 * MiB], 0.005, 0.005, 20, 5, [1, 2], 50,
                         [0, 1_000], 50, [64 * KiB], 2, max_stream_count=50)
         raise ValueError(mode)
-
-
-def machine() -> Dict[str, Any]:
-    info: Dict[str, Any] = {
-        "cpu": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "allowed_cpus": allowed_cpus(),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-    }
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                    break
-    with contextlib.suppress(OSError):
-        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as l3:
-            info["l3"] = l3.read().strip()
-    with contextlib.suppress(OSError):
-        with open("/proc/meminfo") as meminfo:
-            info["memory_gib"] = round(int(meminfo.readline().split()[1]) / MiB, 1)
-    import shmrdv
-
-    info["shmrdv"] = shmrdv.__version__
-    # versions from the installed metadata: importing torch (a second, and
-    # its thread pools) into the measuring process would change what it measures
-    for module, dist in (("zmq", "pyzmq"), ("torch", "torch"), ("mpi4py", "mpi4py"), ("faster_fifo", "faster-fifo")):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            info[module] = importlib.metadata.version(dist)
-    open_mpi = mpi_p2p.version()
-    if open_mpi:
-        info["open_mpi"] = open_mpi
-    return info
 
 
 class Progress:
@@ -464,15 +426,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loader", action="store_true",
                         help="measure shmrdv.loader.DataLoader against torch's DataLoader instead (needs torch; "
                              "about two minutes, seconds with --smoke)")
-
-
-class OptionsError(ValueError):
-    """Options of ``shmrdv bench`` that cannot work together: a usage error (exit status 2)."""
-
-
-class MeasurementFailed(Exception):
-    """A measurement of ``shmrdv bench`` failed: a child died, a message did not come or came wrong.
-    The message says which measurement and why, in one line (exit status 1)."""
 
 
 def _load_results(path: str) -> Results:

@@ -68,6 +68,8 @@ import numpy as np
 
 from ..loader import DEFAULT_SHM_SIZE
 from .common import write_outputs
+from .errors import MeasurementFailed, OptionsError
+from .machine import machine
 
 try:
     import torch
@@ -602,8 +604,6 @@ def plot(results: Dict[str, Any], path: str) -> None:
 
 
 def _load(path: str) -> Dict[str, Any]:
-    from .command import OptionsError
-
     try:
         with open(path) as saved:
             results = json.load(saved)
@@ -617,8 +617,6 @@ def _load(path: str) -> Dict[str, Any]:
 def run_command(args: Any) -> int:
     """``shmrdv bench --loader``: measure (or load --from-json), print the
     tables and the goals, save --json and --plot."""
-    from .command import MeasurementFailed, machine
-
     if args.from_json:
         results = _load(args.from_json)
     else:

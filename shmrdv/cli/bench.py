@@ -4,6 +4,7 @@ its errors become the command line's here)."""
 import argparse
 
 from ..bench import command
+from ..bench.errors import MeasurementFailed, OptionsError
 from ._common import CommandError, UsageError
 
 add_arguments = command.add_arguments
@@ -12,7 +13,7 @@ add_arguments = command.add_arguments
 def run(args: argparse.Namespace) -> int:
     try:
         return command.run(args)
-    except command.OptionsError as exc:
+    except OptionsError as exc:
         raise UsageError(str(exc)) from exc
-    except command.MeasurementFailed as exc:
+    except MeasurementFailed as exc:
         raise CommandError(str(exc)) from exc
