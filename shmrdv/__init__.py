@@ -26,7 +26,8 @@ from .errors import (
 )
 from .group import Group
 from .keys import DeviceName, ParsedKey, create_key, parse_key
-from .rendezvous import DEFAULT_SIZE, MAX_KEYS, MAX_SIZE, Rendezvous
+from .rendezvous import Rendezvous
+from .segments import DEFAULT_SIZE, MAX_KEYS, MAX_SIZE
 from .stats import KeyInfo, ProcessInfo, Stats
 
 

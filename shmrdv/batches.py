@@ -11,21 +11,18 @@ import errno
 import threading
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from . import async_recv
-from . import rendezvous as _rendezvous  # it imports this module: its names are read at call time
+from . import async_recv, explain, forms
 from ._binding import address, fast, ffi, lib
 from .codec import _MAX_CACHED, _key_cache, as_sendable
 from .codec import key_bytes as _key_bytes
 from .codec import timeout_ns as _timeout_ns
 from .errors import InvalidArgument, InvalidType, RendezvousError, SegmentMismatch
 from .tensors import tensor_dtype_ok
-
-if TYPE_CHECKING:
-    from .rendezvous import Rendezvous
+from .waits import RETRY, blocking, first_step, in_line
 
 _per_thread = threading.local()  # each thread's batch of message infos
 
@@ -57,7 +54,7 @@ _fast_kinds: Dict[Tuple[str, np.dtype, Tuple[int, ...]], Tuple[int, _Kind]] = {}
 
 def _kind(key: object, arr: np.ndarray) -> _Kind:
     kb = _key_bytes(key)
-    form = _rendezvous._send_forms.get((arr.dtype, arr.shape)) or _rendezvous._send_form(arr.dtype, arr.shape)
+    form = forms.send_forms.get((arr.dtype, arr.shape)) or forms.send_form(arr.dtype, arr.shape)
     if len(_kinds) >= _MAX_CACHED:
         _fast_kinds.clear()
         _kinds.clear()
@@ -108,7 +105,7 @@ def _prepare(batch: List[Any], start: int) -> _Prepared:
     return prepared
 
 
-def send_many(rdv: "Rendezvous", items: Iterable[Tuple[str, Any]], timeout: Optional[float]) -> int:
+def send_many(rdv: Any, items: Iterable[Tuple[str, Any]], timeout: Optional[float]) -> int:
     """``Rendezvous.send_many``: how many messages were sent (all of them)."""
     t = _timeout_ns(timeout)
     deadline = None if t < 0 else time.monotonic_ns() + t
@@ -119,7 +116,7 @@ def send_many(rdv: "Rendezvous", items: Iterable[Tuple[str, Any]], timeout: Opti
         # what found no room goes the way below, its items checked again.
         total = fast.send_many(rdv._h_addr, batch, _fast_kinds)
         if total == len(batch):
-            if total and _rendezvous._async_pending[0]:
+            if total and async_recv.pending[0]:
                 async_recv.after_send()  # a future of ours a message served is done when we return, as with send
             return total
         batch = batch[total:] if total else batch
@@ -136,7 +133,7 @@ def send_many(rdv: "Rendezvous", items: Iterable[Tuple[str, Any]], timeout: Opti
                 _fail_at(rdv, rc, prepared, done, total + done, timeout)
             total += done
     finally:
-        if _rendezvous._async_pending[0]:
+        if async_recv.pending[0]:
             async_recv.after_send()  # a future of ours a message served is done when we return, as with send
     return total
 
@@ -152,7 +149,7 @@ def _send_chunk(h: Any, prepared: _Prepared, timeout_ns: int) -> Tuple[int, int]
         done[0] += sent[0]
         return rc  # type: ignore[no-any-return]
 
-    return _rendezvous._blocking(call, timeout_ns), done[0]
+    return blocking(call, timeout_ns), done[0]
 
 
 def _with_sent(exc: RendezvousError, sent: int) -> None:
@@ -162,20 +159,20 @@ def _with_sent(exc: RendezvousError, sent: int) -> None:
     exc.sent = sent  # type: ignore[attr-defined]
 
 
-def _fail_at(rdv: "Rendezvous", rc: int, prepared: _Prepared, index: int, sent: int,
+def _fail_at(rdv: Any, rc: int, prepared: _Prepared, index: int, sent: int,
              timeout: Optional[float]) -> None:
     """Raise the error of item `index` of a chunk, saying how many messages were sent before it."""
     kind = prepared.kinds[index]
     key, form = kind.key, kind.form
     what = f"send_many {key!r} (item {sent})"
     try:
-        rdv._fail(rc, what, partial(rdv._explain_space, what, kind.item.key_len, form.ndim, form.nbytes, timeout))
+        rdv._fail(rc, what, partial(explain.space_message, rdv, what, kind.item.key_len, form.ndim, form.nbytes, timeout))
     except RendezvousError as exc:
         _with_sent(exc, sent)
         raise
 
 
-def _send_each(rdv: "Rendezvous", batch: List[Any], deadline: Optional[int]) -> int:
+def _send_each(rdv: Any, batch: List[Any], deadline: Optional[int]) -> int:
     """A batch with keys routed to other hosts (every item already checked):
     each message sent on its own, in order."""
     for index, item in enumerate(batch):
@@ -196,7 +193,7 @@ def _infos() -> Any:
     return infos
 
 
-def recv_many(rdv: "Rendezvous", key: str, max_count: int, timeout: Optional[float], lease: bool,
+def recv_many(rdv: Any, key: str, max_count: int, timeout: Optional[float], lease: bool,
               writable: bool, as_torch: bool) -> List[Any]:
     """``Rendezvous.recv_many``."""
     count = min(_count(max_count), MANY_MAX)
@@ -208,14 +205,14 @@ def recv_many(rdv: "Rendezvous", key: str, max_count: int, timeout: Optional[flo
     infos = _infos()
     waiter, n = ffi.new("uint32_t *"), ffi.new("uint32_t *")
     flags = lib.RDV_RECV_LEASED if lease else 0
-    step = _rendezvous._first_step(t)
+    step = first_step(t)
     made: List[Any] = []  # the owner (fast.view's array's base) of each view made, in order
     try:
         rc = lib.rdv_recv_many(h, kb, len(kb), step, flags, waiter, infos, count, n)
         taken = n[0]
-        if rc < 0 and (waiter[0] or (rc in (-errno.ETIMEDOUT, -errno.EINTR) and step != t)):
-            rc = rdv._in_line(lambda ns: lib.rdv_recv_many(h, kb, len(kb), ns, flags, waiter, infos, count, n), h,
-                              waiter, t, flags, ffi.NULL, infos + 0, step)
+        if rc < 0 and (waiter[0] or (rc in RETRY and step != t)):
+            rc = in_line(lambda ns: lib.rdv_recv_many(h, kb, len(kb), ns, flags, waiter, infos, count, n), h,
+                          waiter, t, flags, ffi.NULL, infos + 0, step)
             taken = n[0]
             if rc == 0 and taken == 0:  # served through the line: the first message; then what is queued
                 taken = 1
@@ -228,10 +225,10 @@ def recv_many(rdv: "Rendezvous", key: str, max_count: int, timeout: Optional[flo
         raise
     if rc == -errno.EAGAIN and t == 0:
         return []
-    rdv._fail(rc, f"recv_many {key!r}", partial(rdv._explain_wait, f"recv_many {key!r}", timeout))
+    rdv._fail(rc, f"recv_many {key!r}", partial(explain.wait_message, rdv, f"recv_many {key!r}", timeout))
 
 
-def _put_back_all(rdv: "Rendezvous", h: Any, waiter: Any, flags: int, infos: Any, count: int,
+def _put_back_all(rdv: Any, h: Any, waiter: Any, flags: int, infos: Any, count: int,
                   made: List[Any]) -> None:
     """An interrupted recv_many: leave the line (taking a message handed over
     meanwhile), then every message taken, those made views included (their
@@ -267,22 +264,22 @@ def _parsed(info: Any, as_torch: bool) -> Any:
     """What info's descriptor means, or the exception that says why no view
     can be made of it (the checks ``Rendezvous._view`` makes, without its
     side effects)."""
-    offset = _rendezvous._DESC_OFFSET
+    offset = forms.DESC_OFFSET
     desc = ffi.buffer(info)[offset : offset + 40 + 16 * info.ndim]
-    parsed = _rendezvous._descs.get(desc)
+    parsed = forms.descs.get(desc)
     if parsed is None:
         try:
-            parsed = _rendezvous._parse_descriptor(info, desc)
+            parsed = forms.parse_descriptor(info, desc)
         except (InvalidType, SegmentMismatch) as exc:
             return exc
     if parsed[2] != info.nbytes:
-        return _rendezvous.size_mismatch(parsed[1], parsed[0], info.nbytes)
+        return forms.size_mismatch(parsed[1], parsed[0], info.nbytes)
     if as_torch and not tensor_dtype_ok(parsed[0]):
-        return _rendezvous.no_tensor_of(parsed[0])
+        return forms.no_tensor_of(parsed[0])
     return parsed
 
 
-def _views(rdv: "Rendezvous", infos: Any, taken: int, writable: bool, as_torch: bool,
+def _views(rdv: Any, infos: Any, taken: int, writable: bool, as_torch: bool,
            made: List[Any]) -> List[Any]:
     """The views of infos[0..taken), in order. If one cannot be made, it and
     those after it go back to the head of the key in their order (nothing is
@@ -291,7 +288,7 @@ def _views(rdv: "Rendezvous", infos: Any, taken: int, writable: bool, as_torch: 
     freed instead, as ``recv`` frees it)."""
     base = address(infos)
     # Those of descriptors seen before, in C, up to the first that is not.
-    views: List[Any] = [] if as_torch else fast.views(rdv._h_addr, base, taken, writable, _rendezvous._descs, made)
+    views: List[Any] = [] if as_torch else fast.views(rdv._h_addr, base, taken, writable, forms.descs, made)
     start = len(views)
     if start == taken:
         return views

@@ -214,3 +214,24 @@ def fit_text(text: str, limit: int) -> str:
     reasons built from other text (a peer's, an exception's) that must fit."""
     data = text.encode("utf-8")
     return text if len(data) <= limit else data[:limit].decode("utf-8", "ignore")
+
+
+def positive_int(value: object, what: str) -> int:
+    """An int argument that must be at least 1 (``what`` names it in errors)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidType(f"{what} must be an int, not {type(value).__name__}")
+    if value <= 0:
+        raise InvalidArgument(f"{what} must be positive, got {value}")
+    return value
+
+
+_U64_MAX = (1 << 64) - 1
+
+
+def u64(value: object, what: str) -> int:
+    """An int argument that must fit 64 unsigned bits (``what`` names it in errors)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidType(f"{what} must be an int, not {type(value).__name__}")
+    if not 0 <= value <= _U64_MAX:
+        raise InvalidArgument(f"{what} must fit 64 unsigned bits, got {value}")
+    return value

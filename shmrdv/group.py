@@ -34,7 +34,7 @@ from .errors import (
     SegmentMismatch,
 )
 from .leftovers import CREATOR_GRACE_S, sweep
-from .rendezvous import check_owner, checked_name, shm_open
+from .segments import check_owner, checked_name, shm_open
 from .tensors import as_array, as_tensor, bfloat16, is_tensor
 
 GROUP_PREFIX = "/shmrdv.group-"

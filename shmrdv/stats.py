@@ -1,6 +1,10 @@
-"""Snapshots of a rendezvous: ``Stats``, ``ProcessInfo``, ``KeyInfo``."""
+"""Snapshots of a rendezvous: ``Stats``, ``ProcessInfo``, ``KeyInfo``, and
+reading each from the core."""
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, List, Optional
+
+from . import huge_pages, limits
+from ._binding import ffi, lib, raise_rc
 
 
 @dataclass(frozen=True)
@@ -96,3 +100,71 @@ class KeyInfo:
     """Messages queued under it."""
     waiters: int
     """Receivers blocked on it."""
+
+
+def read_stats(h: Any) -> Stats:
+    """The core's stats of handle ``h`` (``Rendezvous.stats``)."""
+    out = ffi.new("struct rdv_stats *")
+    rc = lib.rdv_stats(h, out)
+    if rc < 0:
+        raise_rc(rc, "stats")
+    huge = out.flags & lib.RDV_CREATE_HUGE_PAGES
+    return Stats(
+        pending_messages=out.pending_messages,
+        keys=out.keys,
+        waiters=out.waiters,
+        bytes_used=out.bytes_used,
+        bytes_free=out.bytes_free,
+        largest_free=out.largest_free,
+        live_blocks=out.live_blocks,
+        waiter_bytes=out.waiter_bytes,
+        capacity=out.capacity,
+        max_keys=out.max_keys,
+        aborted=bool(out.aborted),
+        leases_dropped=out.leases_dropped,
+        keys_counted=out.keys_counted,
+        huge_pages=bool(huge),
+        huge_page_bytes=_huge_page_bytes(h) if huge else 0,
+        prefault=not out.flags & lib.RDV_CREATE_NO_PREFAULT,
+    )
+
+
+def _huge_page_bytes(h: Any) -> int:
+    base, length = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+    lib.rdv_mapping(h, base, length)
+    return huge_pages.mapped_huge_bytes(int(base[0]), int(length[0]))
+
+
+def read_processes(h: Any) -> List[ProcessInfo]:
+    """The process table of handle ``h``'s segment (``Rendezvous.processes``)."""
+    out = ffi.new("struct rdv_proc_info[]", limits.MAX_PROCS)
+    n = ffi.new("uint32_t *")
+    rc = lib.rdv_procs(h, out, limits.MAX_PROCS, n)
+    if rc < 0:
+        raise_rc(rc, "processes")
+    return [
+        ProcessInfo(
+            entry=p.entry, pid=p.pid, alive=bool(p.alive), reclaiming=p.state == 2,
+            attached_at=p.attached_ns / 1e9, views=p.views, view_bytes=p.view_bytes,
+            writing=p.writing, waits=p.waits,
+        )
+        for p in out[0 : n[0]]
+    ]
+
+
+def read_keys(h: Any, limit: int) -> List[KeyInfo]:
+    """Up to ``limit`` live keys of handle ``h``'s segment (``Rendezvous.keys``)."""
+    # no more keys than the index holds can be live: room for those only
+    limit = min(limit, 4 * int(read_stats(h).max_keys))  # more than its index has slots for
+    out = ffi.new("struct rdv_key_info[]", limit)
+    n = ffi.new("uint32_t *")
+    rc = lib.rdv_keys(h, out, limit, n)
+    if rc < 0:
+        raise_rc(rc, "keys")
+    result = []
+    for k in out[0 : n[0]]:
+        name = ffi.unpack(k.key, k.key_len).decode("utf-8", "replace") if k.key_len else None
+        if name is not None and k.full_len > k.key_len:
+            name += "..."
+        result.append(KeyInfo(name=name, pending=k.pending, waiters=k.waiters))
+    return result

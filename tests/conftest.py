@@ -127,13 +127,13 @@ def kill_process(process) -> None:
 
 
 def swap_caches(monkeypatch, **caches) -> None:
-    """Give shmrdv.rendezvous fresh caches (``_descs={}``, ...) for one test,
-    and its C send and recv too (they hold the caches they were made with);
+    """Give shmrdv.forms fresh caches (``descs={}``, ...) for one test,
+    and the C send and recv too (they hold the caches they were made with);
     monkeypatch puts all of it back."""
-    from shmrdv import rendezvous
+    from shmrdv import forms, rendezvous
 
     for name, cache in caches.items():
-        monkeypatch.setattr(rendezvous, name, cache)
+        monkeypatch.setattr(forms, name, cache)
     send, recv = rendezvous._hot_methods()
     monkeypatch.setattr(rendezvous.Rendezvous, "send", send)
     monkeypatch.setattr(rendezvous.Rendezvous, "recv", recv)

@@ -254,7 +254,7 @@ def test_an_interrupted_batch_gives_everything_back_in_order(rdv, monkeypatch, w
         rdv.recv("k0")  # the descriptor is known: all four views are made in C
         monkeypatch.setattr(batches, "fast", _ViewsThenInterrupt())
     else:  # a descriptor not seen before: parsed and made views in Python
-        swap_caches(monkeypatch, _descs={})
+        swap_caches(monkeypatch, descs={})
     if where == "parsing":
         real = batches._parsed
         trip = _interrupt_on(2)

@@ -12,7 +12,7 @@ import pytest
 
 import shmrdv
 import shmrdv.bench as bench
-from shmrdv.segments import human_bytes
+from shmrdv.units import human_bytes
 
 from .conftest import segment_path, wait_for
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import shmrdv
-from shmrdv.segments import human_bytes
+from shmrdv.units import human_bytes
 
 from . import workers
 from .conftest import run_with_private_shm, segment_path

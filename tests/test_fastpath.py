@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import shmrdv
-from shmrdv import _fastpath, rendezvous
+from shmrdv import _fastpath, allocation, forms, receiving, rendezvous, segments, waits
 from shmrdv._native import ffi
 
 from .conftest import swap_caches
@@ -131,12 +131,12 @@ def test_interleaved_forms_of_one_size_get_their_own_views(rdv, monkeypatch):
                 v = rdv.recv("k", timeout=5)
                 assert v.dtype == a.dtype and v.shape == a.shape and np.array_equal(v, a)
     fresh = {}
-    swap_caches(monkeypatch, _descs=fresh)
+    swap_caches(monkeypatch, descs=fresh)
     rdv.send("k", forms[0])
     assert np.array_equal(rdv.recv("k", timeout=5), forms[0])
     assert len(fresh) == 1  # parsed in Python again, not served from the kept one
     fresh_forms = {}
-    swap_caches(monkeypatch, _fast_forms=fresh_forms, _send_forms={})
+    swap_caches(monkeypatch, fast_forms=fresh_forms, send_forms={})
     rdv.send("k", forms[0])  # the form sent last, but another forms dict: built in Python again
     assert len(fresh_forms) == 1
     rdv.send("k", forms[1])
@@ -167,8 +167,8 @@ def test_a_signal_while_waiting_leaves_the_line_and_loses_nothing(rdv, delay):
     try:
         for i in range(20):
             t = threading.Timer(delay, signal.pthread_kill, (main, signal.SIGUSR1))
-            t.start()
             with pytest.raises(Interrupted):
+                t.start()  # on a busy machine the signal may come before start() returns
                 rdv.recv("k", timeout=10)
             t.join()
             assert rdv.stats().waiters == 0
@@ -197,8 +197,10 @@ def test_the_hot_paths_are_the_ones_taken(rdv, monkeypatch):
     a = np.ones(16, np.float32)
     rdv.send("k", a)
     rdv.recv("k")
-    monkeypatch.setattr(rendezvous, "lib", Counting(rendezvous.lib, calls))
-    monkeypatch.setattr(rendezvous, "fast", Counting(rendezvous.fast, fast_calls))
+    for module in (rendezvous, receiving, forms, waits):  # every module of the Python send and recv
+        monkeypatch.setattr(module, "lib", Counting(module.lib, calls))
+        if hasattr(module, "fast"):
+            monkeypatch.setattr(module, "fast", Counting(module.fast, fast_calls))
     for timeout in (None, 5, 5.0) * 3:
         rdv.send("k", a)
         v = rdv.recv("k", timeout=timeout)
@@ -300,7 +302,7 @@ def test_recv_key_takes_a_message_of_a_new_form_to_python_for_its_view(rdv, monk
     """A known key whose next message has a descriptor not seen yet: taken
     in C, its view made in Python."""
     fresh = {}
-    swap_caches(monkeypatch, _descs=fresh)
+    swap_caches(monkeypatch, descs=fresh)
     rdv.send("k", np.zeros(3, np.float32))
     rdv.recv("k")
     assert len(fresh) == 1
@@ -314,7 +316,7 @@ def test_recv_key_takes_a_message_of_a_new_form_to_python_for_its_view(rdv, monk
 
 
 def test_recv_many_makes_views_in_c_then_in_python_in_order(rdv, monkeypatch):
-    swap_caches(monkeypatch, _descs={})
+    swap_caches(monkeypatch, descs={})
     known = np.arange(3, dtype=np.int32)
     rdv.send("k", known)
     rdv.recv("k")  # this one's descriptor is known from now on
@@ -500,7 +502,7 @@ def test_an_exception_as_recv_goes_on_in_python_leaves_the_line_and_loses_nothin
     monkeypatch.setattr(type(rdv), "_recv_went_on", interrupted)
     new_form = np.arange(6, dtype=np.float32).reshape(2, 3)
     if where == "a message taken":
-        swap_caches(monkeypatch, _descs={})  # its descriptor is new: taken in C, viewed in Python
+        swap_caches(monkeypatch, descs={})  # its descriptor is new: taken in C, viewed in Python
         rdv.send("k", new_form)
     with pytest.raises(Interrupted):
         rdv.recv("k", timeout=1)  # in line after the first slice, or taken at once
@@ -625,10 +627,10 @@ def test_alloc_of_a_known_form_reserves_in_c_and_sends_what_was_written(rdv, mon
     """The first alloc of a (dtype, shape) goes the Python way and teaches
     the form; the next ones reserve in C: same arrays (writable, over the
     segment), same messages, nothing left reserved."""
-    swap_caches(monkeypatch, _send_forms={}, _fast_forms={})
+    swap_caches(monkeypatch, send_forms={}, fast_forms={})
     calls = []
     real = _fastpath.alloc_view
-    monkeypatch.setattr(rendezvous.fast, "alloc_view", lambda *a: calls.append(a[2]) or real(*a), raising=False)
+    monkeypatch.setattr(allocation.fast, "alloc_view", lambda *a: calls.append(a[2]) or real(*a), raising=False)
     for dtype, shape in [("float32", (3,)), (">i2", (2, 2)), ("complex128", ()), ("uint8", (0,))]:
         for i in range(3):
             with rdv.alloc("k", shape, dtype) as buf:
@@ -707,7 +709,7 @@ def test_alloc_checks_every_shape_it_did_not_see_as_ints(rdv, shape, words):
 
 def _mapped(name: str) -> bool:
     with open("/proc/self/maps") as maps:
-        return any(line.rstrip().endswith(rendezvous.SEGMENT_PREFIX + name) for line in maps)
+        return any(line.rstrip().endswith(segments.SEGMENT_PREFIX + name) for line in maps)
 
 
 def test_alloc_view_that_can_make_no_array_gives_the_block_and_the_mapping_back(rdv_name):
@@ -721,7 +723,7 @@ def test_alloc_view_that_can_make_no_array_gives_the_block_and_the_mapping_back(
         with rdv.alloc("k", (4,), np.float32):
             pass  # the form, taught
         rdv.recv("k")  # taken and dropped
-        form = rendezvous._fast_forms[(np.dtype(np.float32), (4,))]
+        form = forms.fast_forms[(np.dtype(np.float32), (4,))]
         for _ in range(3):
             with pytest.raises(ValueError):
                 _fastpath.alloc_view(rdv._h_addr, key_bytes("k"), form, np.dtype(np.float32), (-1,))

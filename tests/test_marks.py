@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import shmrdv
-from shmrdv.rendezvous import MAX_MARKS
+from shmrdv.marks import MAX_MARKS
 
 from .conftest import only_me, wait_for
 from .segment_bytes import DEAD, MARK_RECORD, MARKS, Segment, granule_of

@@ -48,7 +48,7 @@ def test_a_create_interrupted_after_its_file_exists_removes_it(rdv_name, monkeyp
     """Whatever ends a create between making the file and initialising it
     (here a KeyboardInterrupt from inside the core's call) unlinks the file:
     the next open of the name is not met by a segment never initialised."""
-    from shmrdv import rendezvous
+    from shmrdv import segments
 
     class Interrupting:
         def __getattr__(self, name):
@@ -58,8 +58,8 @@ def test_a_create_interrupted_after_its_file_exists_removes_it(rdv_name, monkeyp
                 return interrupted
             return getattr(real, name)
 
-    real = rendezvous.lib
-    monkeypatch.setattr(rendezvous, "lib", Interrupting())
+    real = segments.lib
+    monkeypatch.setattr(segments, "lib", Interrupting())
     with pytest.raises(KeyboardInterrupt):
         shmrdv.Rendezvous(rdv_name, size=4096)
     monkeypatch.undo()

@@ -12,7 +12,7 @@ import posix_ipc
 import pytest
 
 import shmrdv
-from shmrdv import rendezvous as core
+from shmrdv import segments as core
 
 from .conftest import MiB, segment_path
 

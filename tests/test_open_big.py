@@ -17,7 +17,7 @@ import posix_ipc
 import pytest
 
 import shmrdv
-from shmrdv import rendezvous as core
+from shmrdv import segments as core
 from shmrdv.leftovers import CREATOR_GRACE_S
 
 from .conftest import segment_path

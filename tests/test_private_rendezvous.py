@@ -19,7 +19,7 @@ import pytest
 
 import shmrdv
 from shmrdv.leftovers import CREATOR_GRACE_S, pid_gone
-from shmrdv.rendezvous import private_name
+from shmrdv.segments import private_name
 
 from .conftest import MiB, SHM_DIR, segment_path
 
@@ -185,7 +185,7 @@ def killed_creator(extra: str = "") -> str:
     code = textwrap.dedent("""\
         import os, signal
         import shmrdv
-        from shmrdv.rendezvous import private_name
+        from shmrdv.segments import private_name
         rdv = shmrdv.Rendezvous(private_name(), size=1 << 20, create=True)
         print(rdv.name, flush=True)
         """) + textwrap.dedent(extra) + "os.kill(os.getpid(), signal.SIGKILL)\n"

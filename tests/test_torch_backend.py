@@ -291,8 +291,8 @@ def _interrupted_wait(rank, world, init_method, flag):
     try:
         if rank == 0:
             work = dist.all_reduce(torch.ones(4), async_op=True)
-            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
             with pytest.raises(KeyboardInterrupt):
+                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
                 work.wait()
             deadline = time.monotonic() + 10  # far less than the collective's own timeout (RANK_TIMEOUT)
             while not work.is_completed() and time.monotonic() < deadline:

@@ -447,7 +447,7 @@ def without_ml_dtypes(monkeypatch):
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # its import raises ImportError
     for module, cache in ((tensors, "_numpy_dtypes"), (codec, "_code_dtypes")):
         monkeypatch.setattr(module, cache, {})  # what they learnt of bfloat16 so far
-    swap_caches(monkeypatch, _descs={})
+    swap_caches(monkeypatch, descs={})
     monkeypatch.setattr(tensors, "_bfloat16", None)
     from shmrdv.bridge import protocol
 

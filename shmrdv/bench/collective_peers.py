@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..segments import human_bytes
+from ..units import human_bytes
 from .cleanup import alive, descendants, stop_processes
 from .processes import SINGLE_THREADED_MATH, BenchmarkFailed, environment
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..group import MAX_RANKS
+from . import mpi_p2p
 from .common import CHILD_LIFETIME_S, KiB, MiB, ROUND_TRIP_SIZES, SIZES, human_size, parse_size
 from .errors import MeasurementFailed, OptionsError
 from .machine import machine

@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict
 import numpy as np
 
 from ..limits import MAX_ARENA_BYTES
-from ..segments import human_bytes, parse_bytes
+from ..units import human_bytes, parse_bytes
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -8,8 +8,8 @@ import posix_ipc
 
 from .. import _binding
 from ..errors import RendezvousError
-from ..rendezvous import arena_size
-from ..segments import parse_bytes
+from ..segments import arena_size
+from ..units import parse_bytes
 
 # The rule Rendezvous applies to a name, checked while parsing the arguments.
 _NAME_MAX = int(_binding.lib.RDV_NAME_MAX)
@@ -132,7 +132,8 @@ def open_showing_progress(name: str, size: "int | None", stream: "Any" = None) -
     import threading
 
     from ..rendezvous import Rendezvous
-    from ..segments import human_bytes, segment_path
+    from ..segments import segment_path
+    from ..units import human_bytes
 
     stream = sys.stderr if stream is None else stream
     path = segment_path(name)
@@ -163,10 +164,15 @@ def open_showing_progress(name: str, size: "int | None", stream: "Any" = None) -
 
 def pages_text(st: Any) -> str:
     """How a segment's pages are backed, for ``shmrdv stat``."""
-    from ..segments import human_bytes
+    from ..units import human_bytes
 
     touch = "" if st.prefault else "; each faulted in by its first touch (prefault=False)"
     if not st.huge_pages:
         return "4 KiB (created without huge_pages)" + touch
     return (f"huge pages asked for (huge_pages=True): {human_bytes(st.huge_page_bytes)} of this process's mapping "
             f"is on huge pages{touch}")
+
+
+def others(processes: Any, pid: int) -> Any:
+    """The attached handles other than the inspecting process's own."""
+    return [p for p in processes if p.pid != pid]

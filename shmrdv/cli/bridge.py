@@ -14,9 +14,8 @@ from ..bridge.link import LinkSettings
 from ..bridge.server import HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S
 from ..bridge.service import MAX_CONNECTIONS, MAX_PER_ADDRESS, Bridge, is_loopback, log
 from ..errors import InvalidArgument
-from ..rendezvous import unlink_segment
-from ..segments import others
-from ._common import (CommandError, UsageError, arena_bytes, describe, open_showing_progress, positive_int,
+from ..segments import unlink_segment
+from ._common import (CommandError, UsageError, arena_bytes, describe, open_showing_progress, others, positive_int,
                       rendezvous_name, seconds, seconds_or_zero)
 
 

@@ -11,7 +11,7 @@ from typing import List, Tuple
 import numpy as np
 
 from ..rendezvous import Rendezvous
-from ..segments import human_bytes
+from ..units import human_bytes
 
 _ROUND_TRIPS = 2000
 _STREAMS: List[Tuple[int, int]] = [(4 << 10, 2000), (1 << 20, 400), (16 << 20, 40)]  # (bytes, count)

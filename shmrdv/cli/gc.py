@@ -11,9 +11,9 @@ import os
 import sys
 
 from ..group import sweep_stale_groups
-from ..rendezvous import Rendezvous, sweep_dead_private, unlink_segment
-from ..segments import foreign_owner, others, segment_names
-from ._common import SEGMENT_ERRORS, about, rendezvous_name
+from ..rendezvous import Rendezvous
+from ..segments import foreign_owner, segment_names, sweep_dead_private, unlink_segment
+from ._common import SEGMENT_ERRORS, about, others, rendezvous_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,8 +6,9 @@ import argparse
 import os
 
 from ..rendezvous import Rendezvous
-from ..segments import human_bytes, others, segment_names, segment_path
-from ._common import SEGMENT_ERRORS, describe
+from ..segments import segment_names, segment_path
+from ..units import human_bytes
+from ._common import SEGMENT_ERRORS, describe, others
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,9 +14,9 @@ import os
 import sys
 from typing import List, Optional
 
-from ..rendezvous import Rendezvous, segment_in_use, unlink_segment
-from ..segments import foreign_owner, others, segment_path
-from ._common import SEGMENT_ERRORS, about, rendezvous_name
+from ..rendezvous import Rendezvous
+from ..segments import foreign_owner, segment_in_use, segment_path, unlink_segment
+from ._common import SEGMENT_ERRORS, about, others, rendezvous_name
 
 ABORT_REASON = "removed by shmrdv rm --force"
 

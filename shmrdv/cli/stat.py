@@ -7,8 +7,8 @@ import os
 import time
 
 from ..rendezvous import Rendezvous
-from ..segments import human_bytes, others
-from ._common import count, pages_text, rendezvous_name, shown_key
+from ..units import human_bytes
+from ._common import count, others, pages_text, rendezvous_name, shown_key
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

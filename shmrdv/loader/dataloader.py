@@ -27,7 +27,8 @@ import numpy as np
 
 from ..errors import InvalidArgument, RendezvousTimeout, SharedMemoryFull
 from ..limits import MAX_MARKS, MAX_PROCS
-from ..rendezvous import Rendezvous, arena_size, no_space_error, private_name, unlink_segment
+from ..rendezvous import Rendezvous
+from ..segments import arena_size, no_space_error, private_name, unlink_segment
 from . import batch as wire
 from . import sampling
 from .failures import LoaderTimeout, worker_died, worker_exception

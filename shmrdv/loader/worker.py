@@ -45,7 +45,8 @@ from typing import Any, Callable, List, Optional
 import numpy as np
 
 from ..errors import MessageTooLarge, ProtocolError, RendezvousTimeout
-from ..rendezvous import Rendezvous, unlink_segment
+from ..rendezvous import Rendezvous
+from ..segments import unlink_segment
 from ..tensors import is_tensor
 from . import batch as wire
 from .collate import Leaf, collate, convert
