@@ -53,8 +53,12 @@ class RemoteRendezvous:
         self._origin = new_origin()
         self._lock = threading.Condition()
         self._idle: List[_Conn] = []
-        self._next = 1  # sequence numbers of sends, and ids of receives
+        # Sequence numbers of sends, consecutive: the bridge's dedupe window
+        # spans protocol.WINDOW numbers past the oldest uncommitted one, so a
+        # number taken by anything but a send would be a gap it never fills.
+        self._next = 1
         self._in_flight: List[int] = []
+        self._next_request = 1  # ids of receives: a numbering of their own
         self._closed = False
         self.capacity = 0
         self._release(self._open())  # fails now on a wrong token or an unreachable bridge
@@ -219,8 +223,8 @@ class RemoteRendezvous:
         # unacknowledged message back, so a retry could reorder the key.
         conn = self._take()
         with self._lock:
-            request = self._next
-            self._next += 1
+            request = self._next_request
+            self._next_request += 1
         if holder is not None:
             holder.append((conn, request))
         try:
