@@ -303,6 +303,9 @@ class Link:
     def _run(self) -> None:
         reconnect = Backoff(self._settings.backoff_initial, self._settings.backoff_max)
         down_since: Optional[float] = None
+        # Until the link has been up once, its peer may just be starting
+        # (bridges start in any order): a refused connect is news, not trouble.
+        ever_up = False
         while True:
             with self._cond:
                 if self._stopping:
@@ -318,7 +321,7 @@ class Link:
                 now = time.monotonic()
                 if down_since is None:
                     down_since = now
-                    log.warning("link to %s is down: %s", self.url, exc)
+                    log.log(logging.WARNING if ever_up else logging.INFO, "link to %s is down: %s", self.url, exc)
                 if self._overdue(now):
                     self._on_fatal(f"bridge {self.url} unreachable for {now - down_since:.0f} s: {exc}")
                     return
@@ -326,7 +329,7 @@ class Link:
                     self._cond.wait(reconnect.next())
                 continue
             log.info("link to %s is up", self.url)
-            down_since = None
+            down_since, ever_up = None, True
             started = time.monotonic()
             self._serve(sock, reader, base, bits)
             if time.monotonic() - started < _STABLE_S:
