@@ -1412,7 +1412,7 @@ class Rendezvous(fast.Handle):
             return self._recv(key, 0, True, lease, writable, check_as_torch(as_torch, f"try_recv {key!r}"))
         return self._recv(key, 0, True, lease, writable)
 
-    def recv_async(self, key: str, *, as_torch: bool = False) -> "async_recv.RecvFuture":
+    def recv_async(self, key: str, *, lease: bool = False, as_torch: bool = False) -> "async_recv.RecvFuture":
         """Start a ``recv`` in the background: returns a ``concurrent.futures.Future``
         that is also awaitable (``await rdv.recv_async(key)``).
 
@@ -1429,12 +1429,35 @@ class Rendezvous(fast.Handle):
         the line too, or puts a message handed over meanwhile back at the
         head of its key. ``close()`` cancels every pending future.
 
+        lease=True: the message is taken leased, as ``recv`` takes it.
         as_torch=True: the result is a torch tensor, as ``recv`` gives."""
         kb = _key_bytes(key)
         tensor = check_as_torch(as_torch, f"recv_async {key!r}")
-        fut = self._async().start(0, kb, what=f"recv_async {key!r}")
+        fut = self._async().start(_LEASED if lease else 0, kb, what=f"recv_async {key!r}")
         fut._as_torch = tensor  # read when the result is first asked for
         return fut
+
+    def give_back(self, *views: Any) -> None:
+        """Put messages this handle received back at the head of their key,
+        in place and in the order given (or hand them to the key's waiters,
+        the first to the oldest), instead of freeing them when their views
+        go: for a receiver that took messages and cannot pass them on, such
+        as a forwarder whose peer failed before acknowledging them. Needs no
+        arena space, so it never waits for room: it holds the key's lock
+        briefly, once for all of them.
+
+        ``views``: arrays that ``recv``, ``try_recv``, ``recv_many`` or
+        ``recv_async`` of this handle returned (not torch tensors), messages
+        of one key, oldest first; at most ``MANY_MAX`` (1024). The messages
+        are the key's again at once: the caller must not read or write
+        through these views or any view derived from them afterwards.
+
+        ``InvalidArgument`` if a view is not such an array, was given back
+        already, or the views are of more than one key (each message is then
+        given back on its own, nothing lost); ``Aborted`` if the rendezvous
+        is aborted and ``TooManyKeys`` if the key is gone and the key index
+        full: the messages are freed then, as letting their views go would."""
+        batches.give_back(self, views)
 
     def _async(self) -> "async_recv.Completions":
         comp = self._completions
