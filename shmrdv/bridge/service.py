@@ -35,6 +35,7 @@ log = logging.getLogger("shmrdv.bridge")
 
 MAX_HELD = 4096  # envelopes taken from the outbox and not yet acknowledged, over all links
 _POLL_S = 0.2  # how often the dispatcher looks up from the outbox to check for a stop
+_INBOUND_WAIT_S = 5.0  # how long stop() waits for closed connections to give back what they held
 
 
 def is_loopback(host: str) -> bool:
@@ -165,6 +166,14 @@ class Bridge:
             inbound = list(self._inbound)
         for conn in inbound:
             conn.close()
+        # Each connection's thread gives back what its client had not
+        # acknowledged: let it, before the caller closes the rendezvous.
+        deadline = time.monotonic() + _INBOUND_WAIT_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._inbound:
+                    break
+            time.sleep(0.01)
         log.info("bridge for rendezvous %r stopped", self.rdv.name)
 
     def wait(self) -> None:
