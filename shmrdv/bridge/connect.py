@@ -310,6 +310,10 @@ def connect(url: str, token: Token = None, *, tls_ca: Optional[str] = None,
             settings: Optional[LinkSettings] = None) -> RemoteRendezvous:
     """Open the rendezvous served by the bridge at ``url`` (``tcp://HOST:PORT``
     or ``tls://HOST:PORT``). Raises ``AuthenticationError`` at once when the
-    token is wrong, ``ConnectionLost`` when the bridge cannot be reached."""
+    token is wrong or the bridge's certificate is not trusted,
+    ``ProtocolError`` when the bridge does not speak the URL's protocol
+    (tcp:// to a TLS bridge, tls:// to a plain one), ``InvalidArgument``
+    when ``tls_ca`` is missing or not a PEM certificate, ``ConnectionLost``
+    when the bridge cannot be reached."""
     return RemoteRendezvous(url, token, tls_ca=tls_ca, settings=settings)
 

@@ -10,7 +10,7 @@ import threading
 from typing import Any, Dict, Optional, Tuple
 
 from ..bridge import auth, protocol
-from ..bridge.link import LinkSettings
+from ..bridge.link import LinkSettings, tls_client_context
 from ..bridge.server import HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S
 from ..bridge.service import MAX_CONNECTIONS, MAX_PER_ADDRESS, Bridge, is_loopback, log
 from ..errors import InvalidArgument
@@ -73,6 +73,8 @@ def _configuration(args: argparse.Namespace) -> Tuple[str, int, bytes, Dict[str,
             except (OSError, ssl.SSLError) as exc:
                 raise InvalidArgument(f"cannot load --tls-cert {args.tls_cert} / --tls-key {args.tls_key}: "
                                       f"{describe(exc)}") from exc
+        if args.tls_ca:
+            tls_client_context(args.tls_ca)  # a bad --tls-ca fails here, not in every link later
         if not token and not is_loopback(host):
             raise InvalidArgument(f"refusing to listen on {host}, which is not loopback, without --token-file")
     except ValueError as exc:
