@@ -76,18 +76,6 @@ def tls_client_context(tls_ca: Optional[str]) -> ssl.SSLContext:
         raise InvalidArgument(f"cannot read tls_ca {tls_ca!r}: {exc.strerror or exc}: {what}") from None
 
 
-def _speaks_tls(host: str, port: int, timeout: float) -> bool:
-    """Whether the server at host:port completes a TLS handshake, on a
-    connection of its own (verifying nothing: it only asks which protocol)."""
-    probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    probe.check_hostname, probe.verify_mode = False, ssl.CERT_NONE
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as raw, probe.wrap_socket(raw, server_hostname=host):
-            return True
-    except (OSError, ssl.SSLError):
-        return False
-
-
 def _speaks_plain(host: str, port: int, timeout: float) -> bool:
     """Whether the server at host:port greets a plain TCP connection with a
     bridge's HELLO, on a connection of its own."""
@@ -101,16 +89,54 @@ def _speaks_plain(host: str, port: int, timeout: float) -> bool:
 
 def _check_speaks_plain(sock: socket.socket, url: str, host: str, port: int, settings: LinkSettings) -> None:
     """tcp://: a plain bridge says HELLO as soon as it accepts, and a TLS one
-    says nothing, waiting for a ClientHello: so a bridge still silent after
-    _TLS_PROBE_AFTER_S is asked whether it speaks TLS, rather than waited
-    on for the whole connect timeout and reported as "timed out"."""
+    says nothing, waiting for a ClientHello. So a bridge still silent after
+    _TLS_PROBE_AFTER_S is asked, on a connection of its own, whether it
+    completes a TLS handshake (verifying nothing: it only asks which
+    protocol), while sock goes on waiting for its HELLO: a plain bridge
+    merely slow to accept is not kept waiting by the question."""
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     if poller.poll(int(min(_TLS_PROBE_AFTER_S, settings.connect_timeout) * 1000)):
         return
-    if _speaks_tls(host, port, settings.connect_timeout):
-        raise ProtocolError(f"bridge {url} speaks TLS: connect to tls://{host}:{port} "
-                            "(with tls_ca= the CA that signed its certificate, unless the system trusts it)")
+    deadline = time.monotonic() + settings.connect_timeout
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    raw = socket.socket(sock.family, socket.SOCK_STREAM)
+    probe: Optional[ssl.SSLSocket] = None
+    try:
+        raw.setblocking(False)
+        try:
+            raw.connect(sock.getpeername())
+        except BlockingIOError:
+            pass
+        step: socket.socket = raw  # connecting; then probe, in its handshake
+        events = select.POLLOUT
+        while True:
+            poller.register(step, events)
+            left = deadline - time.monotonic()
+            ready = dict(poller.poll(left * 1000)) if left > 0 else {}
+            poller.unregister(step)
+            if sock.fileno() in ready or not ready:
+                return  # sock's first bytes are the caller's to read; or the probe got no answer either
+            if probe is None:
+                if raw.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                    return
+                probe = step = ctx.wrap_socket(raw, server_hostname=host, do_handshake_on_connect=False)
+            try:
+                probe.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                events = select.POLLIN
+            except ssl.SSLWantWriteError:
+                events = select.POLLOUT
+    except (OSError, ssl.SSLError):
+        return  # no TLS handshake there: a plain bridge (slow), or none at all
+    finally:
+        raw.close()  # detached once wrapped: then the probe holds the connection
+        if probe is not None:
+            probe.close()
+    raise ProtocolError(f"bridge {url} speaks TLS: connect to tls://{host}:{port} "
+                        "(with tls_ca= the CA that signed its certificate, unless the system trusts it)")
 
 
 def open_socket(url: str, token: bytes, role: Role, origin: int, first_seq: int, settings: LinkSettings,
