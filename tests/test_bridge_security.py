@@ -399,3 +399,46 @@ def test_a_thousand_silent_connections_do_not_lock_a_client_out(tmp_path):
             s.close()
         bridge.kill()
         _remove_segment(name)
+
+
+def test_a_low_file_limit_caps_connections_and_silent_ones_make_room(tmp_path):
+    """Under ulimit -n 64 (hard too) the bridge serves fewer connections than
+    --max-connections, with room to spare for its own descriptors: 80 idle
+    connections that never authenticate cannot exhaust them, and a client
+    still connects (the oldest idle one is evicted for it) and works."""
+    name = _new_name()
+    shmrdv.Rendezvous(name, size=4 * MiB, create=True).close()
+    bridge = BridgeProc(name, token_file=write_token(tmp_path / "token", TOKEN), log_path=str(tmp_path / "bridge.log"),
+                        extra=["--handshake-timeout", "60"], max_files=64).start()
+    idle = []
+    try:
+        for _ in range(80):
+            idle.append(socket.create_connection((bridge.host, bridge.port), timeout=10))
+        started = time.monotonic()
+        with shmrdv.connect(bridge.url, token=TOKEN) as remote:
+            remote.send("served", np.arange(3))
+            with shmrdv.Rendezvous(name, create=False) as rdv:
+                assert np.array_equal(rdv.recv("served", timeout=10), np.arange(3))
+                rdv.send("back", np.arange(4))
+            assert np.array_equal(remote.recv("back", timeout=10), np.arange(4))
+        assert time.monotonic() - started < 3, "the client waited behind the idle connections"
+        logs = (tmp_path / "bridge.log").read_text()
+        capped = re.search(r"serving at most (\d+) connections, not 1024", logs)
+        assert capped and 1 <= int(capped.group(1)) < 64 - 32, logs
+        assert "evicting the oldest unauthenticated connection" in logs
+        assert "Too many open files" not in logs and bridge.proc.poll() is None
+    finally:
+        for s in idle:
+            s.close()
+        bridge.kill()
+        _remove_segment(name)
+
+
+def test_the_soft_file_limit_is_raised_to_the_hard_one():
+    import sys
+
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (64, 256)); "
+            "from shmrdv.bridge.service import raise_file_limit; "
+            "print(raise_file_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["256", "256", "256"]

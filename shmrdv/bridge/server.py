@@ -72,7 +72,8 @@ class Inbound:
 
     def __init__(self, sock: socket.socket, peer: str, rdv: Rendezvous, origins: Origins, token: bytes,
                  on_abort: Callable[[str], None], max_message: int,
-                 handshake_deadline: Optional[float] = None, idle_timeout: float = IDLE_TIMEOUT_S) -> None:
+                 handshake_deadline: Optional[float] = None, idle_timeout: float = IDLE_TIMEOUT_S,
+                 on_authenticated: Callable[[], None] = lambda: None) -> None:
         self.sock, self.peer, self.rdv = sock, peer, rdv
         # time.monotonic() by which the handshake must be done
         self._handshake_deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S if handshake_deadline is None else handshake_deadline
@@ -83,6 +84,7 @@ class Inbound:
         self._unsent, self._unsent_moved = 0, 0.0
         self._sending = 0  # sends in progress (their own timeout covers a peer that stops reading)
         self._origins, self._token, self._on_abort = origins, token, on_abort
+        self._on_authenticated = on_authenticated
         self._max_message = max_message
         self._send_lock = threading.Lock()
         self._incoming: Dict[int, _Incoming] = {}
@@ -159,6 +161,7 @@ class Inbound:
         o = self._origin = self._origins.acquire(origin, first_seq)
         self.role = role
         self.send(protocol.welcome(auth.server_proof(self._token, server_nonce, client_nonce), o.base, o.bits))
+        self._on_authenticated()  # no longer one a newer connection may evict
         reader.deadline = None
         self.sock.settimeout(None)
         protocol.set_io_timeouts(self.sock, self._idle_timeout)

@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the bridge sends unread) before it is dropped and its half-received message freed "
                         "(default %(default)g)")
     p.add_argument("--max-connections", type=positive_int, default=MAX_CONNECTIONS,
-                   help="connections served at once; more are closed at once (default %(default)s)")
+                   help="connections served at once, and no more than the open-file limit leaves room for; one more "
+                        "takes the place of the oldest not yet authenticated, or is closed (default %(default)s)")
     p.add_argument("--max-per-address", type=positive_int, default=MAX_PER_ADDRESS,
                    help="connections from one peer address served at once; more are closed at once "
                         "(default %(default)s)")
