@@ -48,19 +48,21 @@ def raise_file_limit() -> int:
     """Raise this process's soft RLIMIT_NOFILE to its hard limit, since every
     connection is a descriptor; the soft limit now."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
     if hard == resource.RLIM_INFINITY:  # the kernel's own ceiling is fs.nr_open
         try:
             with open("/proc/sys/fs/nr_open") as f:
-                hard = int(f.read())
+                target = int(f.read())
         except (OSError, ValueError):
             return soft
-    if soft != resource.RLIM_INFINITY and soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-            soft = hard
-        except (ValueError, OSError) as exc:
-            log.info("could not raise the open-file limit from %d to %d: %s", soft, hard, exc)
-    return soft
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        log.info("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
+        return soft
+    return target
 
 
 def _open_descriptors() -> int:
@@ -222,7 +224,7 @@ class Bridge:
         room = max(1, limit - in_use - _FD_MARGIN)
         if room < self._max_connections:
             log.warning("serving at most %d connections, not %d (--max-connections): this process may open %d files "
-                        "(its hard RLIMIT_NOFILE), %d are open and %d are kept for the bridge's own use; raise the "
+                        "(RLIMIT_NOFILE, raised to its hard limit), %d are open and %d are kept for the bridge's own use; raise the "
                         "hard limit (ulimit -Hn, systemd LimitNOFILE=) to serve more",
                         room, self._max_connections, limit, in_use, _FD_MARGIN)
             self._max_connections = room
