@@ -144,7 +144,8 @@ def open_socket(url: str, token: bytes, role: Role, origin: int, first_seq: int,
     """Connect and authenticate as origin, which may still send sequence
     numbers from first_seq on; returns (socket, reader, capacity, base, bits).
     ConnectionLost when the bridge cannot be reached, AuthenticationError when
-    the tokens differ."""
+    the tokens differ or its certificate is not trusted, ProtocolError when it
+    does not speak the URL's scheme, InvalidArgument when tls_ca is unusable."""
     scheme, host, port = protocol.parse_url(url)
     ctx = tls_client_context(tls_ca) if scheme == "tls" else None  # a bad tls_ca is no network failure: first
     try:
