@@ -59,6 +59,7 @@ class RecvFuture(Future):  # type: ignore[type-arg]
         self._failed: Optional[BaseException] = None  # why the view could not be made
         self._given_back = False
         self._release: Any = None  # a finalizer releasing _info's message
+        self._flags = 0  # the receive's RDV_RECV_LEASED, for every call that may take its message
 
     # ---- concurrent.futures ------------------------------------------------
 
@@ -150,6 +151,7 @@ class Completions:
         """A receive in the background on key kb (or, keys given, on any of
         them: kb is their bytes concatenated, key_lens their lengths)."""
         fut = RecvFuture(self, keys)
+        fut._flags = flags & lib.RDV_RECV_LEASED
         info = ffi.new("struct rdv_msg_info *")
         out = self._start_out
         with self._lock:
@@ -211,7 +213,7 @@ class Completions:
         info = ffi.new("struct rdv_msg_info *")
         which = ffi.new("uint32_t *")
         waiter = ffi.new("uint32_t *", fut._waiter)
-        rc = lib.rdv_recv_wait(self._h, waiter, 0, 0, which, info)
+        rc = lib.rdv_recv_wait(self._h, waiter, 0, fut._flags, which, info)
         if waiter[0]:
             return  # still waiting: a stale hint
         self._settle_locked(fut, rc, rc == 0, info, which)
@@ -235,7 +237,7 @@ class Completions:
         """Withdraw fut's waiter; a message handed over meanwhile is freed,
         since fut fails with rc_if_withdrawn's error (abort, close)."""
         info = ffi.new("struct rdv_msg_info *")
-        rc = lib.rdv_recv_cancel(self._h, ffi.new("uint32_t *", fut._waiter), 0, _EMPTY_WHICH, info)
+        rc = lib.rdv_recv_cancel(self._h, ffi.new("uint32_t *", fut._waiter), fut._flags, _EMPTY_WHICH, info)
         if rc == 1:
             lib.rdv_release_payload(self._h, info.payload)
         del self._futures[fut._waiter]
@@ -264,7 +266,7 @@ class Completions:
                 return False
             info = ffi.new("struct rdv_msg_info *")
             which = ffi.new("uint32_t *")
-            rc = lib.rdv_recv_cancel(self._h, ffi.new("uint32_t *", fut._waiter), 0, which, info)
+            rc = lib.rdv_recv_cancel(self._h, ffi.new("uint32_t *", fut._waiter), fut._flags, which, info)
             self._settle_locked(fut, rc, rc == 1, info, which)
         if rc != 0:
             fut._run_callbacks()

@@ -42,7 +42,7 @@ async def with_timeout(start: Callable[[], Any], timeout: Optional[float], what:
 class Awaiting:
     """``Rendezvous``'s asyncio methods (see there for the handle's state they use)."""
 
-    def recv_async(self, key: str, *, as_torch: bool = False) -> "async_recv.RecvFuture":
+    def recv_async(self, key: str, *, lease: bool = False, as_torch: bool = False) -> "async_recv.RecvFuture":
         """Start a ``recv`` in the background: returns a ``concurrent.futures.Future``
         that is also awaitable (``await rdv.recv_async(key)``).
 
@@ -59,10 +59,11 @@ class Awaiting:
         the line too, or puts a message handed over meanwhile back at the
         head of its key. ``close()`` cancels every pending future.
 
+        lease=True: the message is taken leased, as ``recv`` takes it.
         as_torch=True: the result is a torch tensor, as ``recv`` gives."""
         kb = _key_bytes(key)
         tensor = check_as_torch(as_torch, f"recv_async {key!r}")
-        fut = self._async().start(0, kb, what=f"recv_async {key!r}")
+        fut = self._async().start(forms.LEASED if lease else 0, kb, what=f"recv_async {key!r}")
         fut._as_torch = tensor  # read when the result is first asked for
         return fut
 

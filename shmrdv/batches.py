@@ -1,5 +1,6 @@
-"""Batches of messages: ``Rendezvous.send_many`` and ``Rendezvous.recv_many``,
-each one call into the core for up to ``MANY_MAX`` messages.
+"""Batches of messages: ``Rendezvous.send_many``, ``Rendezvous.recv_many`` and
+``Rendezvous.give_back``, each one call into the core for up to ``MANY_MAX``
+messages.
 
 What a batch saves is the per-message crossing into the core and the
 argument work around it; the messages themselves are those of ``send`` and
@@ -250,6 +251,38 @@ def _give_back(h: Any, payloads: List[Any]) -> None:
     """Messages of one key back to its head, in this order, under one hold of its lock."""
     if payloads:
         lib.rdv_give_back_many(h, payloads, len(payloads))
+
+
+def give_back(rdv: Any, views: Tuple[Any, ...]) -> None:
+    """``Rendezvous.give_back``."""
+    if not 1 <= len(views) <= MANY_MAX:
+        raise InvalidArgument(f"give_back takes 1 to {MANY_MAX} views, got {len(views)}")
+    h = rdv._handle()
+    span = ffi.new("uint64_t[2]")
+    lib.rdv_mapping(h, span, span + 1)
+    owners = []
+    for view in views:  # every one checked before any is touched
+        owner = getattr(view, "base", None)
+        if not isinstance(view, np.ndarray) or not isinstance(owner, fast.Payload):
+            raise InvalidArgument(f"give_back takes arrays a receive returned, not {type(view).__name__}")
+        if not span[0] <= view.__array_interface__["data"][0] <= span[0] + span[1]:
+            raise InvalidArgument("give_back: a view was received through another handle")
+        if any(owner is o for o in owners):
+            raise InvalidArgument("give_back: the same message twice")
+        owners.append(owner)
+    # _disarm: the views no longer free the block when they go; 0 if an
+    # earlier give_back had disarmed it already.
+    payloads = [ffi.cast("void *", p) for p in (o._disarm() for o in owners) if p]
+    rc = lib.rdv_give_back_many(h, payloads, len(payloads)) if payloads else 0
+    if rc == -errno.EINVAL:  # not one key (or not ours after all): nothing changed; each on its own, last first
+        for payload in reversed(payloads):
+            if lib.rdv_give_back(h, payload) == -errno.EINVAL:
+                rdv._release(payload)  # not a view of ours: freed, as its views going would
+        raise InvalidArgument("give_back: the views are not of one key; each message was given back on its own")
+    if len(payloads) < len(owners):
+        raise InvalidArgument("give_back: a message was given back already (the others are back now)")
+    if rc < 0:
+        rdv._fail(rc, "give_back")
 
 
 def _count(max_count: object) -> int:

@@ -180,3 +180,25 @@ class Receiving:
             leave_line(h, waiter, 0, which, info)
             raise
         self._fail(rc, f"recv_any {names!r}", partial(explain.wait_message, self, f"recv_any {names!r}", timeout))
+
+    def give_back(self, *views: Any) -> None:
+        """Put messages this handle received back at the head of their key,
+        in place and in the order given (or hand them to the key's waiters,
+        the first to the oldest), instead of freeing them when their views
+        go: for a receiver that took messages and cannot pass them on, such
+        as a forwarder whose peer failed before acknowledging them. Needs no
+        arena space, so it never waits for room: it holds the key's lock
+        briefly, once for all of them.
+
+        ``views``: arrays that ``recv``, ``try_recv``, ``recv_many`` or
+        ``recv_async`` of this handle returned (not torch tensors), messages
+        of one key, oldest first; at most ``MANY_MAX`` (1024). The messages
+        are the key's again at once: the caller must not read or write
+        through these views or any view derived from them afterwards.
+
+        ``InvalidArgument`` if a view is not such an array, was given back
+        already, or the views are of more than one key (each message is then
+        given back on its own, nothing lost); ``Aborted`` if the rendezvous
+        is aborted and ``TooManyKeys`` if the key is gone and the key index
+        full: the messages are freed then, as letting their views go would."""
+        batches.give_back(self, views)

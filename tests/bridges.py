@@ -1,6 +1,7 @@
 """Bridges as real processes (``python -m shmrdv bridge``), optionally inside
 a network namespace, and two namespaces joined by a veth pair as two hosts."""
 import os
+import resource
 import secrets
 import selectors
 import shutil
@@ -19,9 +20,11 @@ class BridgeProc:
     """One bridge process serving rendezvous ``name``."""
 
     def __init__(self, name: str, listen: str = "127.0.0.1:0", *, token_file: Optional[str] = None,
-                 size: Optional[int] = None, netns: Optional[str] = None, extra: List[str] = (), log_path: Optional[str] = None) -> None:
+                 size: Optional[int] = None, netns: Optional[str] = None, extra: List[str] = (), log_path: Optional[str] = None,
+                 max_files: Optional[int] = None) -> None:
         self.name, self.listen, self.token_file, self.size = name, listen, token_file, size
         self.netns, self.extra, self.log_path = netns, list(extra), log_path
+        self.max_files = max_files  # its RLIMIT_NOFILE, soft and hard (ulimit -n)
         self.proc: Optional[subprocess.Popen] = None
         self.host, self.port = None, None
 
@@ -38,7 +41,8 @@ class BridgeProc:
 
     def start(self) -> "BridgeProc":
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=log)
+        limit = None if self.max_files is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (self.max_files,) * 2))
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=log, preexec_fn=limit)
         if self.log_path:
             log.close()
         sel = selectors.DefaultSelector()

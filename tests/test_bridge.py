@@ -329,6 +329,26 @@ def test_connect_send_recv(hosts):
         remote.close()
 
 
+def test_a_client_alternating_send_and_recv_keeps_its_connection(hosts, monkeypatch):
+    """1,000 round trips of send then recv on one client: receives have their
+    own numbering, so the sends' sequence numbers have no gaps and the
+    bridge's dedupe window never drops the client (it used to every ~33)."""
+    from shmrdv.bridge import connect as connect_module
+
+    opened = []
+    real_open = connect_module.open_socket
+    monkeypatch.setattr(connect_module, "open_socket", lambda *a, **k: opened.append(1) or real_open(*a, **k))
+    bridge = hosts.bridges[1]
+    with shmrdv.connect(bridge.url, token=TOKEN) as remote:
+        for i in range(1000):
+            remote.send("ping", np.int64(i), timeout=10)
+            assert hosts.b.recv("ping", timeout=10) == i
+            hosts.b.send("pong", np.int64(i))
+            assert remote.recv("pong", timeout=10) == i
+    assert len(opened) == 1, f"the client reconnected {len(opened) - 1} time(s): {bridge.logs()}"
+    assert " WARNING " not in bridge.logs(), bridge.logs()
+
+
 def test_connect_wrong_token_fails_at_once(hosts):
     with pytest.raises(shmrdv.AuthenticationError, match="refused our token"):
         shmrdv.connect(hosts.bridges[1].url, token="wrong")

@@ -1,6 +1,8 @@
 """Exactly once across failures: the receiving bridge is SIGKILLed in the
 middle of a stream and restarted on the same port, and the link is cut;
 every message whose send returned arrives once, none twice."""
+import re
+import socket
 import threading
 import time
 
@@ -9,8 +11,8 @@ import pytest
 
 import shmrdv
 
-from .bridges import BridgeProc
-from .conftest import MiB, wait_for
+from .bridges import BridgeProc, write_token
+from .conftest import MiB, _new_name, _remove_segment, wait_for
 from .test_bridge import DEV_A, DEV_B, TOKEN, Hosts, key
 
 pytestmark = pytest.mark.timeout(240)
@@ -117,3 +119,31 @@ def test_sending_bridge_killed_mid_stream(tmp_path):
         wait_for(lambda: h.a.stats().pending_messages == 0, "host A's outbox to drain")
     finally:
         h.close()
+
+
+def test_a_link_down_is_news_until_it_has_been_up(tmp_path):
+    """A bridge whose peer is still starting logs its refused connects at
+    INFO; once the link has been up, losing it is a WARNING."""
+    spare = socket.socket()
+    spare.bind(("127.0.0.1", 0))
+    url = f"tcp://127.0.0.1:{spare.getsockname()[1]}"
+    spare.close()  # nobody listens there until B starts
+    names = (_new_name(), _new_name())
+    token_file = write_token(tmp_path / "token", TOKEN)
+    a = BridgeProc(names[0], token_file=token_file, extra=["--route", f"/job:b={url}"], log_path=str(tmp_path / "a.log"))
+    b = BridgeProc(names[1], url[len("tcp://"):], token_file=token_file, size=4 * MiB, log_path=str(tmp_path / "b.log"))
+    down = re.compile(r" (INFO|WARNING) link to " + re.escape(url) + " is down")
+    try:
+        shmrdv.Rendezvous(names[0], size=4 * MiB, create=True).close()
+        a.start()
+        wait_for(lambda: down.search(a.logs()), "the link to be found down", timeout=20)
+        b.start()
+        wait_for(lambda: f"link to {url} is up" in a.logs(), "the link to come up", timeout=20)
+        b.kill()
+        wait_for(lambda: len(down.findall(a.logs())) == 2, "the link to be found down again", timeout=20)
+        assert down.findall(a.logs()) == ["INFO", "WARNING"], a.logs()
+    finally:
+        a.kill()
+        b.kill()
+        for name in names:
+            _remove_segment(name)

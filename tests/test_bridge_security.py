@@ -1,6 +1,7 @@
 """Who gets in, and what a hostile or broken peer can do: wrong tokens, TLS,
 and malformed, truncated and oversized frames (hypothesis), none of which
 may crash the bridge, corrupt its segment or disturb other peers."""
+import re
 import shutil
 import socket
 import struct
@@ -202,6 +203,76 @@ def test_tls_round_trip(tmp_path):
             _remove_segment(name)
 
 
+@pytest.fixture(scope="module")
+def tls_and_plain(tmp_path_factory):
+    """A TLS bridge and a plain one, and the TLS bridge's certificate."""
+    tmp = tmp_path_factory.mktemp("tls")
+    cert, keyfile = _openssl_cert(tmp)
+    token_file = write_token(tmp / "token", TOKEN)
+    names, bridges = (_new_name(), _new_name()), []
+    try:
+        for name, extra in zip(names, (["--tls-cert", cert, "--tls-key", keyfile], [])):
+            bridges.append(BridgeProc(name, token_file=token_file, size=4 * MiB, extra=extra,
+                                      log_path=str(tmp / f"{name}.log")).start())
+        yield bridges[0], bridges[1], cert
+    finally:
+        for bridge in bridges:
+            bridge.kill()
+        for name in names:
+            _remove_segment(name)
+
+
+def test_tcp_to_a_tls_bridge_says_to_use_tls(tls_and_plain):
+    tls_bridge, _, cert = tls_and_plain
+    started = time.monotonic()
+    with pytest.raises(shmrdv.ProtocolError, match=f"speaks TLS: connect to tls://127.0.0.1:{tls_bridge.port}"):
+        shmrdv.connect(f"tcp://127.0.0.1:{tls_bridge.port}", token=TOKEN)
+    assert time.monotonic() - started < 2.5, "it waited for the connect timeout"
+    with shmrdv.connect(f"tls://127.0.0.1:{tls_bridge.port}", token=TOKEN, tls_ca=cert) as remote:
+        remote.send("fine", np.arange(2))  # as told
+
+
+def test_tls_to_a_plain_bridge_says_to_use_tcp(tls_and_plain):
+    _, plain, cert = tls_and_plain
+    started = time.monotonic()
+    with pytest.raises(shmrdv.ProtocolError, match=f"does not speak TLS .*: connect to tcp://127.0.0.1:{plain.port}"):
+        shmrdv.connect(f"tls://127.0.0.1:{plain.port}", token=TOKEN, tls_ca=cert)
+    assert time.monotonic() - started < 2.5
+
+
+def test_a_missing_tls_ca_is_named(tls_and_plain, tmp_path):
+    tls_bridge, _, _ = tls_and_plain
+    missing = str(tmp_path / "no-such-ca.pem")
+    with pytest.raises(shmrdv.InvalidArgument, match=f"tls_ca '{re.escape(missing)}' does not exist: pass the PEM file"):
+        shmrdv.connect(f"tls://127.0.0.1:{tls_bridge.port}", token=TOKEN, tls_ca=missing)
+    with pytest.raises(shmrdv.InvalidArgument, match=re.escape(missing)):  # a sending process's routes, at once
+        shmrdv.Rendezvous(routes={"/job:b": f"tls://127.0.0.1:{tls_bridge.port}"}, token=TOKEN, tls_ca=missing)
+
+
+def test_a_tls_ca_that_is_no_pem_certificate_is_named(tls_and_plain, tmp_path):
+    tls_bridge, _, cert = tls_and_plain
+    der = tmp_path / "ca.der"
+    subprocess.run(["openssl", "x509", "-in", cert, "-outform", "DER", "-out", str(der)], check=True,
+                   capture_output=True, timeout=60)
+    with pytest.raises(shmrdv.InvalidArgument, match=f"tls_ca '{re.escape(str(der))}' is not a PEM certificate"):
+        shmrdv.connect(f"tls://127.0.0.1:{tls_bridge.port}", token=TOKEN, tls_ca=str(der))
+
+
+def test_a_bridge_with_a_missing_tls_ca_does_not_start(rdv_name, tmp_path):
+    import sys
+
+    missing = str(tmp_path / "no-such-ca.pem")
+    out = subprocess.run([sys.executable, "-m", "shmrdv", "bridge", "--name", rdv_name, "--listen", "127.0.0.1:0",
+                          "--tls-ca", missing], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f"'{missing}' does not exist" in out.stderr, out.stderr
+
+
+def test_an_untrusted_certificate_says_to_pass_its_ca(tls_and_plain):
+    tls_bridge, _, _ = tls_and_plain
+    with pytest.raises(shmrdv.AuthenticationError, match="certificate is not trusted .*: pass tls_ca="):
+        shmrdv.connect(f"tls://127.0.0.1:{tls_bridge.port}", token=TOKEN)
+
+
 def _trickle(sock, data):
     """Send data a byte every 0.2 s, never its last byte (it must be the
     deadline that ends the handshake); after 5 s, well past a 1 s deadline,
@@ -328,3 +399,46 @@ def test_a_thousand_silent_connections_do_not_lock_a_client_out(tmp_path):
             s.close()
         bridge.kill()
         _remove_segment(name)
+
+
+def test_a_low_file_limit_caps_connections_and_silent_ones_make_room(tmp_path):
+    """Under ulimit -n 64 (hard too) the bridge serves fewer connections than
+    --max-connections, with room to spare for its own descriptors: 80 idle
+    connections that never authenticate cannot exhaust them, and a client
+    still connects (the oldest idle one is evicted for it) and works."""
+    name = _new_name()
+    shmrdv.Rendezvous(name, size=4 * MiB, create=True).close()
+    bridge = BridgeProc(name, token_file=write_token(tmp_path / "token", TOKEN), log_path=str(tmp_path / "bridge.log"),
+                        extra=["--handshake-timeout", "60"], max_files=64).start()
+    idle = []
+    try:
+        for _ in range(80):
+            idle.append(socket.create_connection((bridge.host, bridge.port), timeout=10))
+        started = time.monotonic()
+        with shmrdv.connect(bridge.url, token=TOKEN) as remote:
+            remote.send("served", np.arange(3))
+            with shmrdv.Rendezvous(name, create=False) as rdv:
+                assert np.array_equal(rdv.recv("served", timeout=10), np.arange(3))
+                rdv.send("back", np.arange(4))
+            assert np.array_equal(remote.recv("back", timeout=10), np.arange(4))
+        assert time.monotonic() - started < 3, "the client waited behind the idle connections"
+        logs = (tmp_path / "bridge.log").read_text()
+        capped = re.search(r"serving at most (\d+) connections, not 1024", logs)
+        assert capped and 1 <= int(capped.group(1)) < 64 - 32, logs
+        assert "evicting the oldest unauthenticated connection" in logs
+        assert "Too many open files" not in logs and bridge.proc.poll() is None
+    finally:
+        for s in idle:
+            s.close()
+        bridge.kill()
+        _remove_segment(name)
+
+
+def test_the_soft_file_limit_is_raised_to_the_hard_one():
+    import sys
+
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (64, 256)); "
+            "from shmrdv.bridge.service import raise_file_limit; "
+            "print(raise_file_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["256", "256", "256"]

@@ -111,6 +111,32 @@ def test_a_killed_receiver_gives_its_leased_messages_back_first(rdv, children, r
     assert stats.bytes_used == 0 and stats.keys == 0 and only_me(rdv)
 
 
+def lease_async_and_hold(name, key, count, queue):
+    """Put count leased recv_async receivers of key in line, say so, then
+    report the numbers they are served and wait to be killed."""
+    rdv = shmrdv.Rendezvous(name, create=False)
+    futures = [rdv.recv_async(key, lease=True) for _ in range(count)]
+    queue.put("waiting")
+    views = [f.result(timeout=workers.CHILD_TIMEOUT) for f in futures]
+    queue.put([_number(v) for v in views])
+    time.sleep(workers.CHILD_TIMEOUT)
+
+
+@pytest.mark.timeout(60)
+def test_messages_served_to_a_killed_leased_recv_async_go_back_first(rdv, children):
+    queue = children.context.Queue()
+    child = children.start(lease_async_and_hold, rdv.name, "k", 3, queue)
+    assert queue.get(timeout=QUEUE_TIMEOUT) == "waiting"
+    wait_for(lambda: rdv.stats().waiters == 3, "the receivers to wait")
+    for n in range(5):  # each of the first three handed to a waiter, taken by the completion thread
+        rdv.send("k", _message(n))
+    assert queue.get(timeout=QUEUE_TIMEOUT) == [0, 1, 2]
+    kill_process(child)
+    assert rdv.collect_garbage() == 1
+    assert _drain(rdv, "k") == [0, 1, 2, 3, 4]
+    assert rdv.stats().bytes_used == 0 and only_me(rdv)
+
+
 @pytest.mark.timeout(60)
 def test_a_key_emptied_by_a_killed_receiver_comes_back_and_wakes_its_waiter(rdv, children):
     for n in range(2):

@@ -14,7 +14,7 @@ import pytest
 import shmrdv
 
 from . import workers
-from .conftest import wait_for
+from .conftest import MiB, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -254,6 +254,79 @@ def test_give_back_puts_a_view_at_the_head_of_its_key(rdv):
     assert lib.rdv_recv(rdv._handle(), kb, 1, 0, info) == 0
     assert lib.rdv_give_back(rdv._handle(), info.payload) == 0
     assert [int(rdv.recv("g", timeout=5)[0]) for _ in range(2)] == [1, 2]
+
+
+def test_give_back_needs_no_room_and_puts_the_message_first_untouched(rdv_name):
+    """A 600 KiB message in a 1 MiB arena, a send of the next one waiting
+    for room: give_back puts the message back first all the same, in place."""
+    def big(i):
+        return np.full(600 * 1024 // 8, i, np.int64)
+
+    with shmrdv.Rendezvous(rdv_name, size=1 * MiB, create=True) as rdv:
+        rdv.send("k", big(0))
+        view = rdv.recv("k", timeout=5)
+        sender = threading.Thread(target=rdv.send, args=("k", big(1)), kwargs={"timeout": 30})
+        sender.start()
+        time.sleep(0.1)
+        assert sender.is_alive()  # no room for it while the first is held
+        rdv.give_back(view)
+        with pytest.raises(shmrdv.InvalidArgument, match="given back already"):
+            rdv.give_back(view)
+        del view
+        assert rdv.stats().pending_messages == 1
+        got = rdv.recv("k", timeout=5)
+        assert (got == 0).all()
+        del got  # its room goes to the waiting send
+        sender.join(30)
+        assert not sender.is_alive() and (rdv.recv("k", timeout=5) == 1).all()
+        assert rdv.stats().bytes_used == 0
+
+
+def test_give_back_puts_views_first_in_their_order_or_hands_them_to_waiters(rdv):
+    for v in range(4):
+        rdv.send("g", one(v))
+    views = [rdv.recv("g", timeout=5) for _ in range(3)]
+    rdv.give_back(*views[1:])
+    rdv.give_back(views[0])  # one by one: the head each time
+    del views
+    assert [int(rdv.recv("g", timeout=5)[0]) for _ in range(4)] == [0, 1, 2, 3]
+    for v in range(2):
+        rdv.send("w", one(v))
+    taken = [rdv.recv("w", timeout=5) for _ in range(2)]
+    waiting = [rdv.recv_async("w") for _ in range(2)]
+    wait_for(lambda: waiters(rdv) == 2, "the receivers to wait")
+    rdv.give_back(*taken)  # the first to the oldest waiter
+    del taken
+    assert [int(f.result(timeout=5)[0]) for f in waiting] == [0, 1]
+
+
+def test_give_back_refuses_what_it_cannot_put_back(rdv):
+    with pytest.raises(shmrdv.InvalidArgument, match="arrays a receive returned"):
+        rdv.give_back(np.zeros(3))
+    with pytest.raises(shmrdv.InvalidArgument, match="1 to 1024 views"):
+        rdv.give_back()
+    rdv.send("o", one(1))
+    with shmrdv.Rendezvous(rdv.name, create=False) as other:
+        view = other.recv("o", timeout=5)
+        with pytest.raises(shmrdv.InvalidArgument, match="another handle"):
+            rdv.give_back(view)
+        with pytest.raises(shmrdv.InvalidArgument, match="the same message twice"):
+            other.give_back(view, view)
+        other.give_back(view)  # untouched by the refusals: still other's to give back
+        del view
+    rdv.send("p", one(2))
+    views = [rdv.recv("o", timeout=5), rdv.recv("p", timeout=5)]
+    with pytest.raises(shmrdv.InvalidArgument, match="not of one key; each message was given back on its own"):
+        rdv.give_back(*views)
+    del views
+    assert [int(rdv.recv(k, timeout=5)[0]) for k in "op"] == [1, 2]
+    rdv.send("o", one(3))
+    view = rdv.recv("o", timeout=5)
+    rdv.abort("stop")
+    with pytest.raises(shmrdv.Aborted, match="stop"):
+        rdv.give_back(view)  # freed: nothing is queued in an aborted rendezvous
+    del view
+    assert rdv.stats().bytes_used == 0
 
 
 def test_a_dead_waiter_ahead_in_line_does_not_keep_the_message(rdv, children):

@@ -53,8 +53,12 @@ class RemoteRendezvous:
         self._origin = new_origin()
         self._lock = threading.Condition()
         self._idle: List[_Conn] = []
-        self._next = 1  # sequence numbers of sends, and ids of receives
+        # Sequence numbers of sends, consecutive: the bridge's dedupe window
+        # spans protocol.WINDOW numbers past the oldest uncommitted one, so a
+        # number taken by anything but a send would be a gap it never fills.
+        self._next = 1
         self._in_flight: List[int] = []
+        self._next_request = 1  # ids of receives: a numbering of their own
         self._closed = False
         self.capacity = 0
         self._release(self._open())  # fails now on a wrong token or an unreachable bridge
@@ -219,8 +223,8 @@ class RemoteRendezvous:
         # unacknowledged message back, so a retry could reorder the key.
         conn = self._take()
         with self._lock:
-            request = self._next
-            self._next += 1
+            request = self._next_request
+            self._next_request += 1
         if holder is not None:
             holder.append((conn, request))
         try:
@@ -306,6 +310,10 @@ def connect(url: str, token: Token = None, *, tls_ca: Optional[str] = None,
             settings: Optional[LinkSettings] = None) -> RemoteRendezvous:
     """Open the rendezvous served by the bridge at ``url`` (``tcp://HOST:PORT``
     or ``tls://HOST:PORT``). Raises ``AuthenticationError`` at once when the
-    token is wrong, ``ConnectionLost`` when the bridge cannot be reached."""
+    token is wrong or the bridge's certificate is not trusted,
+    ``ProtocolError`` when the bridge does not speak the URL's protocol
+    (tcp:// to a TLS bridge, tls:// to a plain one), ``InvalidArgument``
+    when ``tls_ca`` is missing or not a PEM certificate, ``ConnectionLost``
+    when the bridge cannot be reached."""
     return RemoteRendezvous(url, token, tls_ca=tls_ca, settings=settings)
 

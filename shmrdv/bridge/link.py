@@ -15,6 +15,7 @@ WELCOME) does not already hold: each message arrives exactly once.
 import collections
 import logging
 import os
+import select
 import socket
 import ssl
 import struct
@@ -26,6 +27,7 @@ from . import auth, backoff, outbox, protocol
 from .backoff import Backoff
 from .link_marks import LinkMark
 from .outbox import Envelope
+from ..errors import InvalidArgument, RendezvousError
 from .protocol import Ack, ConnectionLost, Frame, ProtocolError, Role
 
 log = logging.getLogger("shmrdv.bridge")
@@ -37,6 +39,9 @@ _ABORT_CONNECT_S = 2.0  # how long an abort on a connection of its own waits to 
 _STABLE_S = 1.0  # a connection that lasted less than this does not reset the backoff
 _RETRY_INITIAL_S = 0.01  # backoff of a message the remote turned away (ACK RETRY) ...
 _RETRY_MAX_S = 0.5  # ... doubling up to this
+# A plain bridge greets a connection at once; a tcp:// connection still
+# without a byte after this long asks whether the bridge speaks TLS instead.
+_TLS_PROBE_AFTER_S = 0.5
 
 
 class LinkSettings:
@@ -54,13 +59,95 @@ def new_origin() -> int:
     return struct.unpack("<Q", os.urandom(8))[0] | 1
 
 
+def tls_client_context(tls_ca: Optional[str]) -> ssl.SSLContext:
+    """The context tls:// connections verify a bridge's certificate with:
+    tls_ca (a PEM file of CA certificates) or the system store.
+    InvalidArgument, naming the file and what to pass instead, if tls_ca
+    is missing, unreadable or holds no PEM certificate."""
+    what = "pass the PEM file of the CA that signed the bridge's certificate (for a self-signed one, the certificate itself)"
+    try:
+        return ssl.create_default_context(cafile=tls_ca)
+    except FileNotFoundError:
+        raise InvalidArgument(f"tls_ca {tls_ca!r} does not exist: {what}") from None
+    except ssl.SSLError as exc:  # an OSError too: before the plain OSErrors below
+        raise InvalidArgument(f"tls_ca {tls_ca!r} is not a PEM certificate ({exc.reason or exc}): {what}, the text "
+                              "from '-----BEGIN CERTIFICATE-----' to '-----END CERTIFICATE-----'") from None
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read tls_ca {tls_ca!r}: {exc.strerror or exc}: {what}") from None
+
+
+def _speaks_plain(host: str, port: int, timeout: float) -> bool:
+    """Whether the server at host:port greets a plain TCP connection with a
+    bridge's HELLO, on a connection of its own."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as raw:
+            protocol.parse_hello(protocol.Reader(raw).expect(Frame.HELLO))
+            return True
+    except (OSError, RendezvousError):
+        return False
+
+
+def _check_speaks_plain(sock: socket.socket, url: str, host: str, port: int, settings: LinkSettings) -> None:
+    """tcp://: a plain bridge says HELLO as soon as it accepts, and a TLS one
+    says nothing, waiting for a ClientHello. So a bridge still silent after
+    _TLS_PROBE_AFTER_S is asked, on a connection of its own, whether it
+    completes a TLS handshake (verifying nothing: it only asks which
+    protocol), while sock goes on waiting for its HELLO: a plain bridge
+    merely slow to accept is not kept waiting by the question."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    if poller.poll(int(min(_TLS_PROBE_AFTER_S, settings.connect_timeout) * 1000)):
+        return
+    deadline = time.monotonic() + settings.connect_timeout
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    raw = socket.socket(sock.family, socket.SOCK_STREAM)
+    probe: Optional[ssl.SSLSocket] = None
+    try:
+        raw.setblocking(False)
+        try:
+            raw.connect(sock.getpeername())
+        except BlockingIOError:
+            pass
+        step: socket.socket = raw  # connecting; then probe, in its handshake
+        events = select.POLLOUT
+        while True:
+            poller.register(step, events)
+            left = deadline - time.monotonic()
+            ready = dict(poller.poll(left * 1000)) if left > 0 else {}
+            poller.unregister(step)
+            if sock.fileno() in ready or not ready:
+                return  # sock's first bytes are the caller's to read; or the probe got no answer either
+            if probe is None:
+                if raw.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                    return
+                probe = step = ctx.wrap_socket(raw, server_hostname=host, do_handshake_on_connect=False)
+            try:
+                probe.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                events = select.POLLIN
+            except ssl.SSLWantWriteError:
+                events = select.POLLOUT
+    except (OSError, ssl.SSLError):
+        return  # no TLS handshake there: a plain bridge (slow), or none at all
+    finally:
+        raw.close()  # detached once wrapped: then the probe holds the connection
+        if probe is not None:
+            probe.close()
+    raise ProtocolError(f"bridge {url} speaks TLS: connect to tls://{host}:{port} "
+                        "(with tls_ca= the CA that signed its certificate, unless the system trusts it)")
+
+
 def open_socket(url: str, token: bytes, role: Role, origin: int, first_seq: int, settings: LinkSettings,
                 tls_ca: Optional[str]) -> "tuple[socket.socket, protocol.Reader, int, int, int]":
     """Connect and authenticate as origin, which may still send sequence
     numbers from first_seq on; returns (socket, reader, capacity, base, bits).
     ConnectionLost when the bridge cannot be reached, AuthenticationError when
-    the tokens differ."""
+    the tokens differ or its certificate is not trusted, ProtocolError when it
+    does not speak the URL's scheme, InvalidArgument when tls_ca is unusable."""
     scheme, host, port = protocol.parse_url(url)
+    ctx = tls_client_context(tls_ca) if scheme == "tls" else None  # a bad tls_ca is no network failure: first
     try:
         sock = socket.create_connection((host, port), timeout=settings.connect_timeout)
     except OSError as exc:
@@ -68,11 +155,19 @@ def open_socket(url: str, token: bytes, role: Role, origin: int, first_seq: int,
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        if scheme == "tls":
-            ctx = ssl.create_default_context(cafile=tls_ca)
+        if ctx is None:
+            _check_speaks_plain(sock, url, host, port, settings)
+        else:
             try:
                 sock = ctx.wrap_socket(sock, server_hostname=host)
+            except ssl.SSLCertVerificationError as exc:
+                raise protocol.AuthenticationError(
+                    f"bridge {url}: its certificate is not trusted ({exc.verify_message}): pass tls_ca= the PEM file "
+                    "of the CA that signed it (for a self-signed one, the certificate itself)") from None
             except (ssl.SSLError, ssl.CertificateError) as exc:
+                if _speaks_plain(host, port, min(_TLS_PROBE_AFTER_S, settings.connect_timeout)):
+                    raise ProtocolError(f"bridge {url} does not speak TLS (it answered in plain TCP): connect to "
+                                        f"tcp://{host}:{port}, or serve TLS with --tls-cert and --tls-key") from None
                 raise protocol.AuthenticationError(f"TLS handshake with {url} failed: {exc}") from exc
             except OSError as exc:
                 raise ConnectionLost(f"TLS handshake with {url} failed: {exc}") from exc
@@ -303,6 +398,9 @@ class Link:
     def _run(self) -> None:
         reconnect = Backoff(self._settings.backoff_initial, self._settings.backoff_max)
         down_since: Optional[float] = None
+        # Until the link has been up once, its peer may just be starting
+        # (bridges start in any order): a refused connect is news, not trouble.
+        ever_up = False
         while True:
             with self._cond:
                 if self._stopping:
@@ -311,14 +409,14 @@ class Link:
                 first_seq = min(self._unacked, default=self._next_seq)
             try:
                 sock, reader, _cap, base, bits = open_socket(self.url, self._token, Role.LINK, self._origin, first_seq, self._settings, self._ca)
-            except protocol.AuthenticationError as exc:
+            except (protocol.AuthenticationError, InvalidArgument) as exc:  # a wrong token or tls_ca: no retry mends it
                 self._on_fatal(f"bridge link to {self.url}: {exc}")
                 return
             except (ConnectionLost, ProtocolError) as exc:
                 now = time.monotonic()
                 if down_since is None:
                     down_since = now
-                    log.warning("link to %s is down: %s", self.url, exc)
+                    log.log(logging.WARNING if ever_up else logging.INFO, "link to %s is down: %s", self.url, exc)
                 if self._overdue(now):
                     self._on_fatal(f"bridge {self.url} unreachable for {now - down_since:.0f} s: {exc}")
                     return
@@ -326,7 +424,7 @@ class Link:
                     self._cond.wait(reconnect.next())
                 continue
             log.info("link to %s is up", self.url)
-            down_since = None
+            down_since, ever_up = None, True
             started = time.monotonic()
             self._serve(sock, reader, base, bits)
             if time.monotonic() - started < _STABLE_S:

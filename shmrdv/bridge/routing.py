@@ -43,6 +43,10 @@ class Routes:
         self._token = normalize_token(token)
         if tls_ca is not None and not isinstance(tls_ca, str):
             raise InvalidType(f"tls_ca must be a path (str), not {type(tls_ca).__name__}")
+        if tls_ca is not None:
+            from .link import tls_client_context  # TLS only for a process that asks for it
+
+            tls_client_context(tls_ca)  # now, not in the bridge that would read it for every send
         self._ca = (tls_ca or "").encode("utf-8")
         self._by_key: Dict[str, Optional[bytes]] = {}
 

@@ -6,7 +6,8 @@ straight into that block, so a payload crosses from the socket into shared
 memory with one copy. A completed message is committed together with its
 sender's dedupe window and acknowledged. ``connect()`` clients may also take
 messages out (RECV); a message handed out is held until the client
-acknowledges it, and goes back under its key if the connection drops first.
+acknowledges it, and goes back to the head of its key, in place, if the
+connection drops first.
 """
 import fcntl
 import logging
@@ -15,8 +16,8 @@ import struct
 import termios
 import threading
 import time
-from concurrent.futures import Future
-from typing import Any, Callable, Dict, Optional, Tuple
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -35,6 +36,7 @@ IDLE_TIMEOUT_S = 60.0
 """Seconds an authenticated peer may go silent while it owes us bytes (a
 message or frame begun, an item not acknowledged) or leave what we send
 unread, before it is dropped and what it held is freed (--idle-timeout)."""
+_CALLBACK_WAIT_S = 5.0  # how long a closing connection waits for the completion thread to finish its RECVs
 # Keepalive probes find a peer whose host vanished even while it owes us
 # nothing: 30 s of silence, then 3 probes 10 s apart.
 _KEEPALIVE = ((socket.TCP_KEEPIDLE, 30), (socket.TCP_KEEPINTVL, 10), (socket.TCP_KEEPCNT, 3))
@@ -70,7 +72,8 @@ class Inbound:
 
     def __init__(self, sock: socket.socket, peer: str, rdv: Rendezvous, origins: Origins, token: bytes,
                  on_abort: Callable[[str], None], max_message: int,
-                 handshake_deadline: Optional[float] = None, idle_timeout: float = IDLE_TIMEOUT_S) -> None:
+                 handshake_deadline: Optional[float] = None, idle_timeout: float = IDLE_TIMEOUT_S,
+                 on_authenticated: Callable[[], None] = lambda: None) -> None:
         self.sock, self.peer, self.rdv = sock, peer, rdv
         # time.monotonic() by which the handshake must be done
         self._handshake_deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S if handshake_deadline is None else handshake_deadline
@@ -81,14 +84,19 @@ class Inbound:
         self._unsent, self._unsent_moved = 0, 0.0
         self._sending = 0  # sends in progress (their own timeout covers a peer that stops reading)
         self._origins, self._token, self._on_abort = origins, token, on_abort
+        self._on_authenticated = on_authenticated
         self._max_message = max_message
         self._send_lock = threading.Lock()
         self._incoming: Dict[int, _Incoming] = {}
         self._retry_keys: Dict[str, int] = {}  # key -> the message of it that was turned away
-        # RECV request -> (key, view), until the client acks; guarded by _out_lock
-        self._handed_out: Dict[int, Tuple[str, np.ndarray]] = {}
+        # RECV request -> (order, key, view), until the client acks; guarded by _out_lock
+        self._handed_out: Dict[int, Tuple[int, str, np.ndarray]] = {}
         self._out_lock = threading.Lock()
-        self._waiting: Dict[int, Future] = {}  # type: ignore[type-arg]
+        self._out_cond = threading.Condition(self._out_lock)
+        self._waiting: Dict[int, Future] = {}  # type: ignore[type-arg]  # RECVs not served yet; _out_lock
+        self._recv_order = 0  # RECVs so far, on the serve thread
+        self._replies: Optional[ThreadPoolExecutor] = None  # sends the answers of RECVs that waited
+        self._replies_open = True  # answers may still be queued; _out_lock
         self._origin: Optional[Origin] = None
         self._closed = threading.Event()
 
@@ -153,6 +161,7 @@ class Inbound:
         o = self._origin = self._origins.acquire(origin, first_seq)
         self.role = role
         self.send(protocol.welcome(auth.server_proof(self._token, server_nonce, client_nonce), o.base, o.bits))
+        self._on_authenticated()  # no longer one a newer connection may evict
         reader.deadline = None
         self.sock.settimeout(None)
         protocol.set_io_timeouts(self.sock, self._idle_timeout)
@@ -202,7 +211,8 @@ class Inbound:
                     self._handed_out.pop(stream, None)  # the client has it: free the block
             elif kind is Frame.CANCEL and self.role is Role.CLIENT:
                 reader.body(length)
-                fut = self._waiting.get(stream)
+                with self._out_lock:
+                    fut = self._waiting.get(stream)
                 if fut is not None:
                     fut.cancel()
             else:
@@ -323,35 +333,77 @@ class Inbound:
             o.base, o.bits = mark[2], mark[3]
 
     # ---- RECV for connect() clients -------------------------------------------
+    #
+    # A message is taken leased (if the bridge dies holding it, it goes back
+    # to the head of its key) and held until the client acknowledges it; if
+    # the connection ends first it is given back to the head of its key in
+    # place (Rendezvous.give_back: no copy, no arena room, no wait). A RECV
+    # that waits is finished on the handle's completion thread, which
+    # finishes every RECV of the bridge: it only hands the future to this
+    # connection's replies thread, which does the sending, and may block.
 
     def _start_recv(self, request: int, key: str, timeout_ns: int) -> None:
-        if request in self._waiting or request in self._handed_out:
-            raise ProtocolError(f"request {request} is already open")
-        if len(self._waiting) + len(self._handed_out) >= protocol.WINDOW:
-            raise ProtocolError(f"more than {protocol.WINDOW} receives open")
+        with self._out_lock:
+            if request in self._waiting or request in self._handed_out:
+                raise ProtocolError(f"request {request} is already open")
+            if len(self._waiting) + len(self._handed_out) >= protocol.WINDOW:
+                raise ProtocolError(f"more than {protocol.WINDOW} receives open")
+        # Messages of one key are handed out in the order their RECVs came
+        # (the core serves its line first come, first served): that order
+        # puts them back in order.
+        self._recv_order += 1
+        order = self._recv_order
         if timeout_ns == 0:
             try:
-                view = self.rdv.try_recv(key)
+                view = self.rdv.try_recv(key, lease=True)
             except RendezvousError as exc:
                 self._recv_failed(request, exc)
                 return
             if view is None:
                 self.send(protocol.error(request, Code.EMPTY, f"try_recv {key!r}: nothing queued"))
             else:
-                self._hand_out(request, key, view)
+                self._hand_out(request, order, key, view)
             return
-        fut = self.rdv.recv_async(key)
-        self._waiting[request] = fut
+        if self._replies is None:
+            self._replies = ThreadPoolExecutor(1, thread_name_prefix=f"shmrdv-replies-{self.peer}")
+        fut = self.rdv.recv_async(key, lease=True)
+        with self._out_lock:
+            self._waiting[request] = fut
         timer = None
         if timeout_ns > 0:
             timer = threading.Timer(timeout_ns / 1e9, fut.cancel)
             timer.daemon = True
             timer.start()
 
-        def done(f: "Future[np.ndarray]") -> None:
+        def done(f: "Future[np.ndarray]") -> None:  # on the completion thread, or whoever cancelled f
+            nonlocal timer
             if timer is not None:
                 timer.cancel()
-            self._waiting.pop(request, None)
+                # f keeps this callback, and the timer keeps f (f.cancel): a
+                # cycle that would hold the message's view until a gc runs.
+                timer = None
+            with self._out_lock:
+                if self._replies_open:
+                    assert self._replies is not None
+                    self._replies.submit(self._answer, request, order, key, timeout_ns, f)
+                    late = False
+                else:
+                    late = True
+                del self._waiting[request]
+                self._out_cond.notify_all()
+            if late and not f.cancelled() and f.exception() is None:
+                # The cleanup gave up waiting for this one: back it goes, now.
+                try:
+                    view = f.result()
+                except RendezvousError:
+                    return  # no view could be made of it: the core put it back already
+                self._put_back(key, view)
+
+        fut.add_done_callback(done)
+
+    def _answer(self, request: int, order: int, key: str, timeout_ns: int, f: "Future[np.ndarray]") -> None:
+        """On the replies thread: answer a RECV whose future has finished."""
+        try:
             if f.cancelled():
                 if self._closed.is_set():
                     return
@@ -360,23 +412,23 @@ class Inbound:
                 else:
                     self._send_quietly(protocol.error(request, Code.CANCELLED, f"recv {key!r}: cancelled"))
                 return
-            exc = f.exception()
-            if exc is not None:
+            try:
+                view = f.result()  # the view is made here (a message it cannot be made of goes back to its key)
+            except RendezvousError as exc:
                 self._recv_failed(request, exc)
                 return
-            self._hand_out(request, key, f.result())
-
-        fut.add_done_callback(done)
+            self._hand_out(request, order, key, view)
+        except Exception:  # a bug must not go unseen in an executor's future
+            log.exception("%s: answering request %d failed", self.peer, request)
 
     def _recv_failed(self, request: int, exc: BaseException) -> None:
         self._send_quietly(protocol.error(request, *protocol.refusal(exc)))
 
-    def _hand_out(self, request: int, key: str, view: np.ndarray) -> None:
+    def _hand_out(self, request: int, order: int, key: str, view: np.ndarray) -> None:
         with self._out_lock:
-            if self._closed.is_set():  # too late to send: put it back under its key
-                self._put_back(key, view)
-                return
-            self._handed_out[request] = (key, view)
+            self._handed_out[request] = (order, key, view)
+            if self._closed.is_set():
+                return  # too late to send: the cleanup puts it back, in order with the others
             self._owed_since = time.monotonic()
         code = dtype_code(view.dtype)
         parts = protocol.message_frames(Frame.ITEM, request, b"", code, view.shape, protocol.byte_view(view))
@@ -385,12 +437,14 @@ class Inbound:
         except ConnectionLost:
             pass  # the cleanup puts it back
 
-    def _put_back(self, key: str, view: np.ndarray) -> None:
+    def _put_back(self, key: str, *views: np.ndarray) -> None:
+        """Messages of key, oldest first, back to its head (or to its waiters)."""
         try:
-            self.rdv.send(key, view)  # a copy: rare, and better than losing it
-            log.warning("%s: connection lost before a message for %r was acknowledged; put back under its key", self.peer, key)
-        except RendezvousError as exc:
-            log.error("%s: could not put back a message for %r: %s", self.peer, key, exc)
+            self.rdv.give_back(*views)
+            log.warning("%s: connection lost before %d message(s) for %r were acknowledged; put back at the head "
+                        "of its key", self.peer, len(views), key)
+        except RendezvousError as exc:  # aborted (freed, as everything queued), or the key index full
+            log.error("%s: could not put back %d message(s) for %r: %s", self.peer, len(views), key, exc)
 
     def _send_quietly(self, data: bytes) -> None:
         try:
@@ -401,18 +455,30 @@ class Inbound:
     # ---- teardown ------------------------------------------------------------
 
     def _cleanup(self) -> None:
-        self._closed.set()
+        self.close()  # a send in progress on the replies thread fails now rather than at its timeout
         for inc in self._incoming.values():
             if inc.alloc is not None:
                 inc.buf = None
                 inc.alloc.discard()  # frees the half-received block
         self._incoming.clear()
-        for fut in list(self._waiting.values()):
-            fut.cancel()
         with self._out_lock:
-            unacked, self._handed_out = list(self._handed_out.values()), {}
-        for key, view in unacked:
-            self._put_back(key, view)
+            waiting = list(self._waiting.values())
+        for fut in waiting:
+            fut.cancel()  # withdrawn, or it holds a message: either way its callback runs
+        with self._out_lock:
+            # A future that was served as it was cancelled is finished by the
+            # completion thread: wait for its callback to queue its answer.
+            self._out_cond.wait_for(lambda: not self._waiting, _CALLBACK_WAIT_S)
+            self._replies_open = False
+        if self._replies is not None:
+            self._replies.shutdown(wait=True)  # every answer queued is done: its message is in _handed_out
+        with self._out_lock:
+            unacked, self._handed_out = sorted(self._handed_out.values(), key=lambda item: item[0]), {}
+        by_key: Dict[str, List[np.ndarray]] = {}
+        for _order, key, view in unacked:
+            by_key.setdefault(key, []).append(view)
+        for key, views in by_key.items():
+            self._put_back(key, *views)
         if self._origin is not None:
             self._origins.release(self._origin)
             self._origin = None

@@ -7,12 +7,14 @@ peer's abort aborts the local rendezvous.
 """
 import ipaddress
 import logging
+import os
+import resource
 import select
 import socket
 import ssl
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 from . import outbox
@@ -35,6 +37,75 @@ log = logging.getLogger("shmrdv.bridge")
 
 MAX_HELD = 4096  # envelopes taken from the outbox and not yet acknowledged, over all links
 _POLL_S = 0.2  # how often the dispatcher looks up from the outbox to check for a stop
+_INBOUND_WAIT_S = 5.0  # how long stop() waits for closed connections to give back what they held
+# File descriptors kept for the bridge's own use beside its connections: a
+# socket per link, the short connections aborts and TLS probes make, logs.
+_FD_MARGIN = 32
+_EVICTING_MAX = 8  # evicted connections whose threads have not closed them yet, at most
+
+
+def raise_file_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit, since every
+    connection is a descriptor; the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:  # the kernel's own ceiling is fs.nr_open
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                target = int(f.read())
+        except (OSError, ValueError):
+            return soft
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        log.info("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
+        return soft
+    return target
+
+
+def _open_descriptors() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 3  # no /proc: stdin, stdout and stderr at least
+
+
+class _Unauthenticated:
+    """An accepted connection that has not authenticated yet: when the bridge
+    is full, a new one evicts the oldest of these rather than be refused, so
+    connections that never authenticate cannot lock clients out."""
+
+    __slots__ = ("address", "sock", "evicted", "lock")
+
+    def __init__(self, address: str, sock: socket.socket) -> None:
+        self.address, self.sock, self.evicted = address, sock, False
+        self.lock = threading.Lock()
+
+    def wrapped(self, sock: socket.socket) -> None:
+        """The connection is now sock (TLS wraps it in a new object)."""
+        with self.lock:
+            self.sock = sock
+            evicted = self.evicted
+        if evicted:
+            self._cut(sock)
+
+    def evict(self) -> None:
+        with self.lock:
+            self.evicted = True
+            sock = self.sock
+        self._cut(sock)
+
+    @staticmethod
+    def _cut(sock: socket.socket) -> None:
+        # socket.socket's own shutdown: an SSLSocket's would also drop its
+        # SSL object under the thread in the middle of the handshake. A
+        # closed socket object has no descriptor left to cut (EBADF).
+        try:
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def is_loopback(host: str) -> bool:
@@ -46,11 +117,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def tls_handshake(ctx: ssl.SSLContext, conn: socket.socket, deadline: float) -> ssl.SSLSocket:
+def tls_handshake(ctx: ssl.SSLContext, conn: socket.socket, deadline: float,
+                  on_wrapped: Callable[[ssl.SSLSocket], None] = lambda tls: None) -> ssl.SSLSocket:
     """The server side of a TLS handshake, done by deadline (time.monotonic())
-    however the peer paces its bytes: TimeoutError past it."""
+    however the peer paces its bytes: TimeoutError past it. on_wrapped gets
+    the TLS socket, which replaces conn, before the handshake begins."""
     tls = ctx.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
     try:
+        on_wrapped(tls)
         tls.setblocking(False)
         poller = select.poll()  # not select(): descriptors past 1023 are fine
         while True:
@@ -97,6 +171,10 @@ class Bridge:
         self._max_connections, self._max_per_address = max_connections, max_per_address
         self._connections: Dict[str, int] = {}
         self._connected = 0
+        self._unauthenticated: Dict[int, _Unauthenticated] = {}  # by accept number: oldest first
+        self._accepted = 0
+        self._evicting = 0  # evicted, not closed yet
+        self._evicted = 0
         self._refused = 0
         self._refused_logged = 0.0
         self._origins = Origins(rdv, INBOUND_MARKS)
@@ -117,6 +195,7 @@ class Bridge:
     # ---- lifecycle ---------------------------------------------------------
 
     def start(self) -> "Bridge":
+        self._fit_connections_to_file_limit()
         host, port = self._listen
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -132,6 +211,23 @@ class Bridge:
         log.info("bridge for rendezvous %r listening on %s:%d%s", self.rdv.name, self.address[0], self.address[1],
                  " (TLS)" if self._tls else "")
         return self
+
+    def _fit_connections_to_file_limit(self) -> None:
+        """Raise the open-file limit as far as it goes, and serve no more
+        connections than it leaves room for: past it, accept() fails and a
+        connection waits in the listen queue, unseen by the eviction of
+        unauthenticated ones, until it gives up."""
+        limit = raise_file_limit()
+        if limit == resource.RLIM_INFINITY:
+            return
+        in_use = _open_descriptors() + 1  # and the listening socket, opened next
+        room = max(1, limit - in_use - _FD_MARGIN)
+        if room < self._max_connections:
+            log.warning("serving at most %d connections, not %d (--max-connections): this process may open %d files "
+                        "(RLIMIT_NOFILE, raised to its hard limit), %d are open and %d are kept for the bridge's own use; raise the "
+                        "hard limit (ulimit -Hn, systemd LimitNOFILE=) to serve more",
+                        room, self._max_connections, limit, in_use, _FD_MARGIN)
+            self._max_connections = room
 
     def stop(self) -> None:
         """Stop serving. Envelopes already taken from the outbox are given
@@ -165,6 +261,14 @@ class Bridge:
             inbound = list(self._inbound)
         for conn in inbound:
             conn.close()
+        # Each connection's thread gives back what its client had not
+        # acknowledged: let it, before the caller closes the rendezvous.
+        deadline = time.monotonic() + _INBOUND_WAIT_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._inbound:
+                    break
+            time.sleep(0.01)
         log.info("bridge for rendezvous %r stopped", self.rdv.name)
 
     def wait(self) -> None:
@@ -184,57 +288,90 @@ class Bridge:
                 time.sleep(0.05)  # e.g. out of file descriptors: back off, keep serving
                 continue
             peer = f"{addr[0]}:{addr[1]}"
-            if not self._admit(addr[0]):
+            pending = _Unauthenticated(addr[0], conn)
+            number = self._admit(pending)
+            if number is None:
                 conn.close()
                 continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             keep_alive(conn)
             deadline = time.monotonic() + self._handshake_timeout
-            threading.Thread(target=self._serve_counted, args=(conn, peer, addr[0], deadline),
+            threading.Thread(target=self._serve_counted, args=(conn, peer, number, pending, deadline),
                              name=f"shmrdv-peer-{peer}", daemon=True).start()
 
-    def _admit(self, address: str) -> bool:
-        """Count a new connection from address in, unless it is one too many
-        (in all, or from that address); a refusal is logged at most once a second."""
+    def _admit(self, pending: _Unauthenticated) -> Optional[int]:
+        """Count a new connection in, as its accept number. One too many from
+        its address is refused (None); one too many in all evicts the
+        oldest connection that has not authenticated yet, or, with none, is
+        refused. Refusals and evictions are logged at most once a second."""
+        address = pending.address
+        victim = None
         with self._lock:
-            if self._connected < self._max_connections and self._connections.get(address, 0) < self._max_per_address:
+            connected, from_there = self._connected, self._connections.get(address, 0)
+            over_all, over_there = connected >= self._max_connections, from_there >= self._max_per_address
+            full = over_all or over_there
+            if full:
+                if not over_there and self._evicting < _EVICTING_MAX:  # each holds a descriptor until it is closed
+                    victim = next((u for u in self._unauthenticated.values() if not u.evicted), None)
+                if victim is None:
+                    self._refused += 1
+                else:
+                    victim.evicted = True  # chosen under our lock, once; evict() below cuts it
+                    self._evicting += 1
+                    self._evicted += 1
+            if victim is not None or not full:
                 self._connected += 1
                 self._connections[address] = self._connections.get(address, 0) + 1
-                return True
-            self._refused += 1
+                self._accepted += 1
+                number: Optional[int] = self._accepted
+                self._unauthenticated[self._accepted] = pending
+            else:
+                number = None
             now = time.monotonic()
-            if now - self._refused_logged < 1.0:
-                return False
-            self._refused_logged = now
-            refused, connected = self._refused, self._connected
-            from_there = self._connections.get(address, 0)
-        log.warning("refusing a connection from %s: %d open from there (at most %d), %d in all (at most %d); "
-                    "%d refused so far", address, from_there, self._max_per_address, connected,
-                    self._max_connections, refused)
-        return False
+            tell = full and now - self._refused_logged >= 1.0
+            if tell:
+                self._refused_logged = now
+            refused, evicted = self._refused, self._evicted
+        if victim is not None:
+            victim.evict()
+        if tell:
+            what = (f"evicting the oldest unauthenticated connection from {victim.address} for one from {address}"
+                    if victim is not None else f"refusing a connection from {address}")
+            log.warning("%s: %d open from there (at most %d), %d in all (at most %d); %d refused, %d evicted so far",
+                        what, from_there, self._max_per_address, connected, self._max_connections, refused, evicted)
+        return number
 
-    def _serve_counted(self, conn: socket.socket, peer: str, address: str, deadline: float) -> None:
+    def _authenticated(self, number: int) -> None:
+        with self._lock:
+            self._unauthenticated.pop(number, None)
+
+    def _serve_counted(self, conn: socket.socket, peer: str, number: int, pending: _Unauthenticated,
+                       deadline: float) -> None:
         try:
-            self._serve_one(conn, peer, deadline)
+            self._serve_one(conn, peer, number, pending, deadline)
         finally:
             with self._lock:
+                self._unauthenticated.pop(number, None)
+                if pending.evicted:
+                    self._evicting -= 1
                 self._connected -= 1
-                left = self._connections[address] - 1
+                left = self._connections[pending.address] - 1
                 if left:
-                    self._connections[address] = left
+                    self._connections[pending.address] = left
                 else:
-                    del self._connections[address]
+                    del self._connections[pending.address]
 
-    def _serve_one(self, conn: socket.socket, peer: str, deadline: float) -> None:
+    def _serve_one(self, conn: socket.socket, peer: str, number: int, pending: _Unauthenticated,
+                   deadline: float) -> None:
         if self._tls is not None:
             try:
-                conn = tls_handshake(self._tls, conn, deadline)
+                conn = tls_handshake(self._tls, conn, deadline, pending.wrapped)
             except (OSError, ssl.SSLError) as exc:
                 log.warning("dropped %s: TLS handshake failed: %s", peer, exc)
                 conn.close()
                 return
         handler = Inbound(conn, peer, self.rdv, self._origins, self._token, self._peer_abort, self.rdv.capacity,
-                          deadline, self._idle_timeout)
+                          deadline, self._idle_timeout, on_authenticated=lambda: self._authenticated(number))
         with self._lock:
             self._inbound.append(handler)
         try:

@@ -10,7 +10,7 @@ import threading
 from typing import Any, Dict, Optional, Tuple
 
 from ..bridge import auth, protocol
-from ..bridge.link import LinkSettings
+from ..bridge.link import LinkSettings, tls_client_context
 from ..bridge.server import HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S
 from ..bridge.service import MAX_CONNECTIONS, MAX_PER_ADDRESS, Bridge, is_loopback, log
 from ..errors import InvalidArgument
@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the bridge sends unread) before it is dropped and its half-received message freed "
                         "(default %(default)g)")
     p.add_argument("--max-connections", type=positive_int, default=MAX_CONNECTIONS,
-                   help="connections served at once; more are closed at once (default %(default)s)")
+                   help="connections served at once, and no more than the open-file limit leaves room for; one more "
+                        "takes the place of the oldest not yet authenticated, or is closed (default %(default)s)")
     p.add_argument("--max-per-address", type=positive_int, default=MAX_PER_ADDRESS,
                    help="connections from one peer address served at once; more are closed at once "
                         "(default %(default)s)")
@@ -72,6 +73,8 @@ def _configuration(args: argparse.Namespace) -> Tuple[str, int, bytes, Dict[str,
             except (OSError, ssl.SSLError) as exc:
                 raise InvalidArgument(f"cannot load --tls-cert {args.tls_cert} / --tls-key {args.tls_key}: "
                                       f"{describe(exc)}") from exc
+        if args.tls_ca:
+            tls_client_context(args.tls_ca)  # a bad --tls-ca fails here, not in every link later
         if not token and not is_loopback(host):
             raise InvalidArgument(f"refusing to listen on {host}, which is not loopback, without --token-file")
     except ValueError as exc:
