@@ -41,6 +41,15 @@ def run_with_private_shm(argv, size: str = "64m", timeout: float = 60.0) -> subp
     return run
 
 
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now (the kernel's pick; closed again)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time a process has used so far."""
     with open(f"/proc/{pid}/stat") as stat:

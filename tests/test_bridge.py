@@ -13,7 +13,7 @@ import shmrdv
 from shmrdv.bridge.outbox import OUTBOX_KEY
 
 from .bridges import BridgeProc, run_threads, write_token
-from .conftest import MiB, _new_name, _remove_segment, wait_for
+from .conftest import MiB, _new_name, _remove_segment, free_port, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -260,9 +260,7 @@ def test_the_bridges_are_told_the_reason_that_won(tmp_path):
 def test_abort_with_unreachable_and_silent_routes_still_aborts_here():
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]  # closed again: nobody listens there
+    closed = free_port()  # nobody listens there
     silent = []
     for _ in range(4):  # they accept, and never say HELLO
         s = socket.socket()

@@ -2,7 +2,6 @@
 middle of a stream and restarted on the same port, and the link is cut;
 every message whose send returned arrives once, none twice."""
 import re
-import socket
 import threading
 import time
 
@@ -12,7 +11,7 @@ import pytest
 import shmrdv
 
 from .bridges import BridgeProc, write_token
-from .conftest import MiB, _new_name, _remove_segment, wait_for
+from .conftest import MiB, _new_name, _remove_segment, free_port, wait_for
 from .test_bridge import DEV_A, DEV_B, TOKEN, Hosts, key
 
 pytestmark = pytest.mark.timeout(240)
@@ -124,10 +123,7 @@ def test_sending_bridge_killed_mid_stream(tmp_path):
 def test_a_link_down_is_news_until_it_has_been_up(tmp_path):
     """A bridge whose peer is still starting logs its refused connects at
     INFO; once the link has been up, losing it is a WARNING."""
-    spare = socket.socket()
-    spare.bind(("127.0.0.1", 0))
-    url = f"tcp://127.0.0.1:{spare.getsockname()[1]}"
-    spare.close()  # nobody listens there until B starts
+    url = f"tcp://127.0.0.1:{free_port()}"  # nobody listens there until B starts
     names = (_new_name(), _new_name())
     token_file = write_token(tmp_path / "token", TOKEN)
     a = BridgeProc(names[0], token_file=token_file, extra=["--route", f"/job:b={url}"], log_path=str(tmp_path / "a.log"))

@@ -15,7 +15,6 @@ import multiprocessing.forkserver
 import os
 import queue as queue_module
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +33,8 @@ if not dist.is_available() or not dist.is_gloo_available():
 import shmrdv  # noqa: E402
 import shmrdv.torch  # noqa: E402
 from shmrdv.torch import hosts  # noqa: E402
+
+from .conftest import free_port  # noqa: E402
 
 JOIN_S = 60.0
 RANK_TIMEOUT = datetime.timedelta(seconds=30)  # every collective in a child ends within this
@@ -69,12 +70,6 @@ def nothing_left_behind():
     while _our_shm() - before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _our_shm() - before == set()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child(results, target, rank, world, env, args):
@@ -507,7 +502,7 @@ def test_disjoint_new_groups_run_concurrently(ctx, tmp_path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("how", ["env", "file", "tcp"])
 def test_init_methods(ctx, tmp_path, how):
-    port = _free_port()
+    port = free_port()
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} if how == "env" else {}
     method = {"env": "env://", "file": _file(tmp_path), "tcp": f"tcp://127.0.0.1:{port}"}[how]
     assert run_ranks(ctx, 3, _one_all_reduce, method, env=lambda r: env) == {r: 6.0 for r in range(3)}

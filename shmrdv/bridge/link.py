@@ -271,7 +271,6 @@ class Link:
         self._writer_busy = False  # a thread is writing to the socket, outside the lock
         self._broken = False
         self._stopping = False
-        self.connected = threading.Event()
         for env, view in sorted(recovered, key=lambda item: item[0].seq):
             self._take_recovered(env, view)
         mark.store(self._origin, self._next_seq)
@@ -458,7 +457,6 @@ class Link:
             self._busy_keys.clear()
             self._key_waiters.clear()
             self._broken = False
-        self.connected.set()
         acks = threading.Thread(target=self._read_acks, args=(reader,), name=f"shmrdv-acks-{self.url}", daemon=True)
         acks.start()
         try:
@@ -467,7 +465,6 @@ class Link:
             if not self._stopping:
                 log.warning("link to %s lost: %s", self.url, exc)
         finally:
-            self.connected.clear()
             self._drop_socket()
             acks.join()
 

@@ -271,10 +271,6 @@ class Bridge:
             time.sleep(0.01)
         log.info("bridge for rendezvous %r stopped", self.rdv.name)
 
-    def wait(self) -> None:
-        while not self._stop.wait(1.0):
-            pass
-
     # ---- inbound -----------------------------------------------------------
 
     def _accept_loop(self) -> None:
