@@ -28,8 +28,8 @@ with these items:
 ``needs=MODULE[,MODULE]``
     skipped when one of these Python modules is not installed.
 
-A ``text`` block (``` ```text ```) is a drawing or a program's output, not a program:
-it is not run and needs no marker.
+A block whose info string is ``text`` is a drawing or a program's output, not a
+program: it is not run and needs no marker.
 
 A block with neither a runnable language nor ``skip`` fails
 ``test_every_block_runs_or_says_why``, so a new block cannot slip in
