@@ -1,11 +1,13 @@
-"""Every fenced code block of README.md runs as written, or says why it cannot.
+"""Every fenced code block of README.md and of the documentation site (docs/**/*.md) runs as
+written, or says why it cannot.
 
 Each block is extracted (```python, ```sh/```bash/```shell, ```console, plain
 ``` and any other info string) and run in a temporary directory: Python blocks
 as a script (``python block.py``), shell blocks with ``bash -e``, console
 blocks as the commands on their ``$ `` lines. A block that is not Python or
 shell, or cannot run in a test, must say so in an HTML comment on the line
-right before its fence (invisible on GitHub)::
+right before its fence (invisible on GitHub; the site's build drops it, see
+docs/hooks.py)::
 
     <!-- readme-test: ITEM; ITEM; ... -->
 
@@ -15,7 +17,7 @@ with these items:
     not run; the reason (required) is the test's skip message. It takes the
     rest of the comment, so it comes last.
 ``group=NAME``
-    the blocks of one group run together, as one test: first the
+    the blocks of one group (of one file) run together, as one test: first the
     ``background`` ones, each until it listens on the loopback ports of its
     ``--listen`` options, then all the others at the same time.
 ``background``
@@ -25,6 +27,9 @@ with these items:
     its standard output must contain TEXT.
 ``needs=MODULE[,MODULE]``
     skipped when one of these Python modules is not installed.
+
+A block whose info string is ``text`` is a drawing or a program's output, not a
+program: it is not run and needs no marker.
 
 A block with neither a runnable language nor ``skip`` fails
 ``test_every_block_runs_or_says_why``, so a new block cannot slip in
@@ -58,6 +63,7 @@ from .conftest import SESSION_PREFIX, SHM_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCUMENTS = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 
 BLOCK_TIMEOUT_S = 120.0    # the foreground blocks of one test, all together
 READY_TIMEOUT_S = 30.0     # a background block until it listens
@@ -65,6 +71,7 @@ STOP_TIMEOUT_S = 30.0      # a background block after SIGINT (bridges drain for 
 
 LANGUAGES = {"python": "python", "py": "python", "python3": "python",
              "sh": "shell", "bash": "shell", "shell": "shell", "console": "console"}
+FIGURES = {"text"}  # drawings and output: never run
 FLAGS = {"background"}
 VALUED = {"skip", "group", "expect", "needs"}
 
@@ -76,6 +83,7 @@ FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
 
 @dataclass
 class Block:
+    source: str                    # the file, relative to the repository root
     line: int                      # of the opening fence, 1-based
     lang: str                      # the info string's first word, lowercased ("" for plain ```)
     code: str
@@ -87,7 +95,7 @@ class Block:
 
     @property
     def label(self) -> str:
-        return f"README.md:{self.line} ({self.lang or 'plain'})"
+        return f"{self.source}:{self.line} ({self.lang or 'plain'})"
 
 
 def parse_options(body: str) -> Tuple[Dict[str, str], List[str]]:
@@ -116,8 +124,9 @@ def parse_options(body: str) -> Tuple[Dict[str, str], List[str]]:
     return options, problems
 
 
-def parse_readme(text: str) -> Tuple[List[Block], List[str]]:
-    """The fenced blocks of a Markdown text with their markers, and what is wrong with them."""
+def parse_markdown(text: str, source: str = "README.md") -> Tuple[List[Block], List[str]]:
+    """The fenced blocks of a Markdown text (the file ``source``) with their markers, and what is
+    wrong with them."""
     lines = text.splitlines()
     blocks: List[Block] = []
     problems: List[str] = []
@@ -128,14 +137,14 @@ def parse_readme(text: str) -> Tuple[List[Block], List[str]]:
         m = MARKER.match(line)
         if m:
             if marker is not None:
-                problems.append(f"README.md:{marker[0]}: marker not right before a code block")
+                problems.append(f"{source}:{marker[0]}: marker not right before a code block")
             options, bad = parse_options(m.group("body"))
-            problems += [f"README.md:{i + 1}: {p}" for p in bad]
+            problems += [f"{source}:{i + 1}: {p}" for p in bad]
             marker = (i + 1, options)
             i += 1
             continue
         if "readme-test" in line:
-            problems.append(f"README.md:{i + 1}: malformed marker, want <!-- readme-test: ITEM; ... --> on one line")
+            problems.append(f"{source}:{i + 1}: malformed marker, want <!-- readme-test: ITEM; ... --> on one line")
         f = FENCE.match(line)
         if f:
             indent, fence, info = f.group("indent"), f.group("fence"), f.group("info").strip()
@@ -146,20 +155,20 @@ def parse_readme(text: str) -> Tuple[List[Block], List[str]]:
                 body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j].lstrip())
                 j += 1
             if j == len(lines):
-                problems.append(f"README.md:{i + 1}: code block never closed")
+                problems.append(f"{source}:{i + 1}: code block never closed")
             lang = info.split()[0].lower() if info else ""
-            blocks.append(Block(i + 1, lang, "\n".join(body) + "\n", marker[1] if marker else {}))
+            blocks.append(Block(source, i + 1, lang, "\n".join(body) + "\n", marker[1] if marker else {}))
             marker = None
             i = j + 1
             continue
         if line.strip() and marker is not None:
-            problems.append(f"README.md:{marker[0]}: marker not right before a code block")
+            problems.append(f"{source}:{marker[0]}: marker not right before a code block")
             marker = None
         i += 1
     if marker is not None:
-        problems.append(f"README.md:{marker[0]}: marker not right before a code block")
+        problems.append(f"{source}:{marker[0]}: marker not right before a code block")
     for b in blocks:
-        if "skip" in b.options:
+        if "skip" in b.options or b.lang in FIGURES:
             continue
         if b.kind is None:
             problems.append(f"{b.label}: neither runnable (python, sh, bash, console) nor marked "
@@ -179,24 +188,34 @@ class Unit:
 
 def units_of(blocks: List[Block]) -> List[Unit]:
     units: List[Unit] = []
-    groups: Dict[str, Unit] = {}
+    groups: Dict[Tuple[str, str], Unit] = {}
     for b in blocks:
         if "skip" in b.options:
-            units.append(Unit(f"line{b.line}-skipped", [b], b.options["skip"]))
+            units.append(Unit(f"{b.source}:{b.line}-skipped", [b], b.options["skip"]))
         elif b.kind is None:
-            continue  # reported by test_every_block_runs_or_says_why
+            continue  # a figure, or reported by test_every_block_runs_or_says_why
         elif "group" in b.options:
-            name = b.options["group"]
+            name = (b.source, b.options["group"])
             if name not in groups:
-                groups[name] = Unit(f"line{b.line}-{name}", [])
+                groups[name] = Unit(f"{b.source}:{b.line}-{name[1]}", [])
                 units.append(groups[name])
             groups[name].blocks.append(b)
         else:
-            units.append(Unit(f"line{b.line}-{b.lang}", [b]))
+            units.append(Unit(f"{b.source}:{b.line}-{b.lang}", [b]))
     return units
 
 
-BLOCKS, PROBLEMS = parse_readme(README.read_text(encoding="utf-8"))
+def _parse_documents() -> Tuple[List[Block], List[str]]:
+    blocks: List[Block] = []
+    problems: List[str] = []
+    for path in DOCUMENTS:
+        found, wrong = parse_markdown(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix())
+        blocks += found
+        problems += wrong
+    return blocks, problems
+
+
+BLOCKS, PROBLEMS = _parse_documents()
 UNITS = units_of(BLOCKS)
 
 
@@ -372,7 +391,7 @@ def _check(run: Run) -> None:
     out, err = run.output()
     assert run.proc.returncode == 0, run.describe()
     if run.block.kind == "python":
-        assert not err.strip(), f"a README program printed on stderr:\n{run.describe()}"
+        assert not err.strip(), f"a documented program printed on stderr:\n{run.describe()}"
     want = run.block.options.get("expect")
     if want is not None:
         assert want in out, f"stdout lacks {want!r}:\n{run.describe()}"
@@ -417,15 +436,16 @@ def _run_unit(unit: Unit, workdir: Path) -> None:
 # -- the tests ------------------------------------------------------------------------------------
 
 def test_every_block_runs_or_says_why():
-    assert BLOCKS, "no code block found in README.md"
-    assert not PROBLEMS, "README.md code blocks:\n" + "\n".join(PROBLEMS) + "\n\n" + __doc__
+    assert any(b.source == "README.md" for b in BLOCKS), "no code block found in README.md"
+    assert any(b.source.startswith("docs/") for b in BLOCKS), "no code block found in docs/"
+    assert not PROBLEMS, "code blocks:\n" + "\n".join(PROBLEMS) + "\n\n" + __doc__
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("unit", UNITS, ids=[u.id for u in UNITS])
 def test_readme_block(unit, tmp_path):
     if unit.skip is not None:
-        pytest.skip(f"README.md:{unit.blocks[0].line}: {unit.skip}")
+        pytest.skip(f"{unit.blocks[0].source}:{unit.blocks[0].line}: {unit.skip}")
     _run_unit(unit, tmp_path)
 
 
@@ -446,7 +466,7 @@ def test_parser_understands_markers():
         "<!-- readme-test: bogus -->",
         "text",
     ])
-    blocks, problems = parse_readme(text)
+    blocks, problems = parse_markdown(text)
     assert [(b.line, b.lang, b.code) for b in blocks] == [(2, "sh", "rm -rf /\n"), (7, "python", "print(1)\n"),
                                                            (10, "", "plain\n")]
     assert blocks[0].options == {"skip": "one; two"}
@@ -455,3 +475,12 @@ def test_parser_understands_markers():
     assert any("unknown item 'bogus'" in p for p in problems)
     assert any("README.md:13: marker not right before a code block" in p for p in problems)
     assert len(problems) == 3
+
+
+def test_parser_takes_text_blocks_as_figures_and_groups_per_file():
+    figure, problems = parse_markdown("```text\n[ header ][ arena ]\n```\n", "docs/a.md")
+    assert [(b.source, b.lang) for b in figure] == [("docs/a.md", "text")] and not problems
+    assert units_of(figure) == []
+    grouped = "<!-- readme-test: group=g -->\n```python\nprint(1)\n```\n"
+    blocks = parse_markdown(grouped, "docs/a.md")[0] + parse_markdown(grouped, "docs/b.md")[0]
+    assert [u.id for u in units_of(blocks)] == ["docs/a.md:2-g", "docs/b.md:2-g"]
