@@ -87,6 +87,7 @@ _ALLREDUCE, _BARRIER, _NULL = lib.RDV_COLL_ALLREDUCE, lib.RDV_COLL_BARRIER, ffi.
 _open_groups: "weakref.WeakSet[Group]" = weakref.WeakSet()
 _HASH_MASK = (1 << 63) - 1
 _reductions: Dict[Tuple[str, np.dtype], Tuple[int, int]] = {}  # (op, dtype) -> codes, once checked
+_NO_JOB = bytes(lib.RDV_COLL_JOB_BYTES)  # the job token of a group created without one
 
 
 def _after_fork_in_child() -> None:
@@ -211,7 +212,7 @@ class Group:
                 return -errno.EAGAIN, 0
             try:
                 ino = os.fstat(shm.fd).st_ino
-                rc = lib.rdv_coll_open(shm.fd, 1, self._world, 0, slot_bytes, out, last)
+                rc = lib.rdv_coll_open(shm.fd, 1, self._world, 0, slot_bytes, _NO_JOB, out, last)
                 if rc == 0:  # owned at once: an exception from here on frees it (lock, mapping)
                     self._opened = ffi.gc(out[0], lib.rdv_coll_free)
             finally:
@@ -228,7 +229,7 @@ class Group:
         try:
             check_owner(shm.fd, self._name, self._path)
             st = os.fstat(shm.fd)
-            rc = lib.rdv_coll_open(shm.fd, 0, self._world, self._rank, slot_bytes, out, last)
+            rc = lib.rdv_coll_open(shm.fd, 0, self._world, self._rank, slot_bytes, _NO_JOB, out, last)
             pid = ffi.new("uint32_t *")
             if rc == 0:
                 self._opened = ffi.gc(out[0], lib.rdv_coll_free)  # an exception from here on frees it
