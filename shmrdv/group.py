@@ -26,6 +26,7 @@ from .codec import timeout_ns as _timeout_ns
 from .errors import (
     Aborted,
     CollectiveMismatch,
+    GroupTimeout,
     InvalidArgument,
     InvalidType,
     PeerLost,
@@ -142,7 +143,9 @@ class Group:
 
     Every rank makes the same calls in the same order; a call returns once
     the ranks it needs have made theirs. ``timeout`` (seconds, None: no
-    limit) bounds joining and every call."""
+    limit) bounds joining and every call: a rank that gives up aborts the
+    group, and it and every other rank raise ``GroupTimeout`` (a
+    ``RendezvousTimeout``) naming the ranks it waited for."""
 
     def __init__(self, name: str, rank: int, world_size: int, *, timeout: Optional[float] = None,
                  _slot_bytes: int = SLOT_BYTES) -> None:
@@ -304,9 +307,11 @@ class Group:
                 self._raise(self._g, rc, "joining")
             if deadline is not None and time.monotonic() >= deadline:
                 missing = [r for r in range(self._world) if st.missing >> r & 1]
-                raise RendezvousTimeout(f"joining group {self._name!r} as rank {self._rank}: ranks {missing} had "
-                                        f"not joined after {self._timeout} s; start every rank, or pass a longer "
-                                        f"timeout=")
+                reason = f"rank {self._rank} gave up joining after {self._timeout} s: ranks {missing} had not joined"
+                # the others must not wait on: they raise the same
+                lib.rdv_coll_abort_timed_out(self._g, *self._reason(reason), st.missing)
+                raise GroupTimeout(f"joining group {self._name!r} as rank {self._rank}: {reason}; start every "
+                                   f"rank, or pass a longer timeout= (the group is aborted)", tuple(missing))
 
     # ---- properties, lifetime ----
 
@@ -432,14 +437,17 @@ class Group:
             missing = [r for r in range(self._world) if st.missing >> r & 1]
             message = (f"{what} on group {self._name!r}: rank {self._rank} gave up after {self._timeout} s: ranks "
                        f"{missing} had not arrived")
-            # the others must not wait for us, nor read our half-done call
-            lib.rdv_coll_abort(g, *self._reason(message))
-            raise RendezvousTimeout(message + "; the group is aborted")
+            # the others must not wait for us, nor read our half-done call (the core has done this already)
+            lib.rdv_coll_abort_timed_out(g, *self._reason(message), st.missing)
+            raise GroupTimeout(message + "; the group is aborted", tuple(missing))
         if rc == -errno.ECONNABORTED:
             buf = ffi.new("char[]", limits.REASON_MAX)
             n = ffi.new("uint32_t *")
             lib.rdv_coll_reason(g, buf, limits.REASON_MAX, n)
             reason = ffi.unpack(buf, n[0]).decode("utf-8", "replace")
+            if st.timed_out:
+                raise GroupTimeout(f"group {self._name!r} was aborted: {reason}",
+                                   tuple(r for r in range(self._world) if st.missing >> r & 1))
             raise Aborted(f"group {self._name!r} was aborted: {reason}")
         if rc == -errno.EBADF:
             raise RendezvousError(f"group {self._name!r} is closed")

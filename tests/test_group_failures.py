@@ -88,7 +88,8 @@ def no_leaks():
 
 def describe(exc: BaseException) -> dict:
     return {"type": type(exc).__name__, "mro": [c.__name__ for c in type(exc).__mro__], "msg": str(exc),
-            "rank": getattr(exc, "rank", None), "pid": getattr(exc, "pid", None), "t": time.monotonic()}
+            "rank": getattr(exc, "rank", None), "pid": getattr(exc, "pid", None),
+            "missing": getattr(exc, "missing", None), "t": time.monotonic()}
 
 
 class Report(dict):
@@ -467,8 +468,9 @@ def test_signals_during_a_call(procs):
 
 def test_call_timeout_names_the_missing_rank_and_nobody_hangs(procs):
     """timeout=: rank 2 comes 2.5 s late to an allreduce; ranks 0 and 1 (timeout
-    1 s) raise RendezvousTimeout naming rank 2 (or Aborted, when the other
-    gave up first and aborted the group); rank 2 then gets Aborted."""
+    1 s) give up, whichever first aborting the group: every rank, rank 2
+    too when it comes, raises GroupTimeout, both a RendezvousTimeout (so a
+    TimeoutError) and an Aborted, naming rank 2 as missing."""
     W, name = 3, new_name("timeout")
 
     def rank_main(conn, rank):
@@ -483,20 +485,32 @@ def test_call_timeout_names_the_missing_rank_and_nobody_hangs(procs):
     for r in range(W):
         assert procs.get(r) == "joined"
     reps = {r: procs.get(r, timeout=20) for r in range(W)}
-    timeouts = 0
-    for r in (0, 1):
-        rep, later = reps[r]
-        assert rep["type"] in ("RendezvousTimeout", "Aborted"), rep
-        assert "ranks [2] had not arrived" in rep["msg"], rep["msg"]  # said by whoever gave up
-        assert rep["dt"] < 2.5, rep
-        timeouts += rep["type"] == "RendezvousTimeout"
-        if rep["type"] == "RendezvousTimeout":
-            assert "TimeoutError" in rep["mro"]
-        assert later["type"] in ("Aborted", "RendezvousTimeout"), later
-    assert timeouts >= 1
-    rep, later = reps[2]
-    assert_raised(rep, "Aborted", "ranks [2] had not arrived")
-    assert_raised(later, "Aborted")
+    for r in range(W):
+        for rep in reps[r]:
+            assert_raised(rep, "GroupTimeout", "ranks [2] had not arrived")  # said by whoever gave up
+            assert {"RendezvousTimeout", "TimeoutError", "Aborted"} <= set(rep["mro"]), rep
+            assert rep["missing"] == (2,), rep
+        if r < 2:
+            assert reps[r][0]["dt"] < 2.5, reps[r]
+    procs.join()
+
+
+def test_join_timeout_of_one_rank_is_a_timeout_on_every_rank(procs):
+    """Ranks 0 and 1 of 3 join; rank 2 never comes. Rank 1 (timeout 0.5 s)
+    gives up and aborts the join: rank 0 (no timeout) raises GroupTimeout
+    too, at once, naming rank 2."""
+    W, name = 3, new_name("jointo")
+
+    def rank_main(conn, rank):
+        conn.send(attempt(shmrdv.Group, name, rank, W, timeout=0.5 if rank == 1 else None))
+
+    procs.start(0, rank_main, 0)
+    procs.start(1, rank_main, 1)
+    reps = [procs.get(0), procs.get(1)]
+    for rep in reps:
+        assert_raised(rep, "GroupTimeout", "rank 1 gave up joining", "ranks [2] had not joined")
+        assert "TimeoutError" in rep["mro"] and rep["missing"] == (2,), rep
+    assert abs(reps[0]["t"] - reps[1]["t"]) < DEADLINE
     procs.join()
 
 
@@ -675,9 +689,9 @@ def test_same_rank_joined_twice_names_the_holder(procs):
 
 
 def test_join_timeout_names_the_missing_ranks(procs):
-    """Ranks 1 and 3 of 4 never start: rank 0 (timeout 0.5 s) names them;
-    rank 2 (longer timeout) names them too, or reports rank 0 gone; a rank
-    whose rank 0 never starts says so."""
+    """Ranks 1 and 3 of 4 never start: rank 0 (timeout 0.5 s) names them,
+    aborting the join; rank 2 (longer timeout) raises the same timeout; a
+    rank whose rank 0 never starts says so."""
     name = new_name("jt")
 
     procs.start(0, lambda conn: conn.send(attempt(shmrdv.Group, name, 0, 4, timeout=0.5)))
@@ -687,11 +701,8 @@ def test_join_timeout_names_the_missing_ranks(procs):
     assert_raised(rep, "RendezvousTimeout", "ranks [1, 3] had not joined")
     assert rep["dt"] < 1.5
     rep = procs.get(2)
-    assert rep["type"] in ("RendezvousTimeout", "PeerLost"), rep
-    if rep["type"] == "RendezvousTimeout":
-        assert "[1, 3]" in rep["msg"]
-    else:
-        assert_peer_lost(rep, 0, procs.pid(0), closed=True)
+    assert_raised(rep, "RendezvousTimeout", "ranks [1, 3] had not joined")
+    assert rep["missing"] == (1, 3)
     lonely = new_name("nobody")
     procs.start(5, lambda conn: conn.send(attempt(shmrdv.Group, lonely, 1, 2, timeout=0.5)))
     assert_raised(procs.get(5), "RendezvousTimeout", "rank 0 has not created it")
