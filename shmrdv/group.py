@@ -4,12 +4,50 @@ on one host, through a shared-memory segment of the group's own.
 
 Every member calls ``Group(name, rank, world_size)``; rank 0 creates the
 segment (``/dev/shm/shmrdv.group-NAME``, mode 0600), the others attach to
-it, and once all have joined the last one removes the name: nothing stays
-in ``/dev/shm`` however the members end, and a later job may reuse the name
-at once. The data path is one call into the C core per collective
-(``csrc/rdv_coll.c``, which explains the phases and the waiting).
+it, and once all have joined the last one removes the name: a later job may
+reuse the name at once, and a group that has formed leaves nothing in
+``/dev/shm`` however its members end. A join that does not complete is
+removed by its members as they end (an error, a timeout, ``close``, a
+member found dead); what members all killed at once leave, the next rank 0
+of any group, or ``shmrdv gc``, removes. The data path is one call into
+the C core per collective (``csrc/rdv_coll.c``, which explains the phases
+and the waiting).
+
+Who belongs to a group: the processes that pass its name and ``job``
+token. Joining, as a table (``joined`` and ``state`` are words of the
+segment's header, ``csrc/rdv_coll.h``):
+
+============================  ===========================================
+a process finds               it
+============================  ===========================================
+no segment                    rank 0 creates it; the others wait for it
+another ``job``'s segment     waits until the name is free (two correct
+                              groups, one after the other); never joins
+                              it, never disturbs it
+this job's, creator gone      removes it (a killed job's) and goes on
+this job's, forming, and it   joins: takes its rank's lock and slot, counts
+fits                          itself in ``joined``; the one that makes it
+                              ``world_size`` removes the name
+this job's, forming, and it   refuses the join (``rdv_coll_refuse``: a bit
+conflicts: another            in ``joined`` while it is short of
+world_size, its rank taken,   ``world_size``, then ``state`` aborted with
+or a second rank 0            why) and raises; every member's ``Group()``
+                              raises within a wait slice (50 ms), with
+                              ``timeout=None`` too
+this job's, formed (the       cannot stop it (the bit is refused once the
+moment before its name goes)  count is full): removes the name and raises
+                              (came late) or, as rank 0, creates anew
+============================  ===========================================
+
+So a conflict among processes that claim one job ends that join on every
+rank, never in a mixed group; a process of another job can neither join
+nor stop it. Without ``job=``, the name alone says which job a process is
+of: two jobs that meet while joining fail alike, but a rank of one can
+also complete the other's group before they meet (both then compute on a
+mix); jobs that may share a name at once must pass distinct ``job=``.
 """
 import errno
+import hashlib
 import os
 import threading
 import time
@@ -88,7 +126,6 @@ _ALLREDUCE, _BARRIER, _NULL = lib.RDV_COLL_ALLREDUCE, lib.RDV_COLL_BARRIER, ffi.
 _open_groups: "weakref.WeakSet[Group]" = weakref.WeakSet()
 _HASH_MASK = (1 << 63) - 1
 _reductions: Dict[Tuple[str, np.dtype], Tuple[int, int]] = {}  # (op, dtype) -> codes, once checked
-_NO_JOB = bytes(lib.RDV_COLL_JOB_BYTES)  # the job token of a group created without one
 
 
 def _after_fork_in_child() -> None:
@@ -115,6 +152,17 @@ def sweep_stale_groups() -> List[str]:
         return not (st.st_size == 0 and time.time() - st.st_ctime < CREATOR_GRACE_S)
 
     return sweep(GROUP_PREFIX.lstrip("/"), stale)
+
+
+def _job_token(job: Optional[str]) -> bytes:
+    """The RDV_COLL_JOB_BYTES a segment's header holds for job: a digest,
+    all zero for none."""
+    if job is None:
+        return bytes(lib.RDV_COLL_JOB_BYTES)
+    if not isinstance(job, str):
+        raise InvalidType(f"job must be a str or None, not {type(job).__name__}")
+    return hashlib.blake2b(job.encode("utf-8", "surrogatepass"), digest_size=lib.RDV_COLL_JOB_BYTES,
+                           person=b"shmrdv.group.job").digest()
 
 
 def _shape_hash(shape: Tuple[int, ...], dtype: np.dtype) -> int:
@@ -145,10 +193,20 @@ class Group:
     the ranks it needs have made theirs. ``timeout`` (seconds, None: no
     limit) bounds joining and every call: a rank that gives up aborts the
     group, and it and every other rank raise ``GroupTimeout`` (a
-    ``RendezvousTimeout``) naming the ranks it waited for."""
+    ``RendezvousTimeout``) naming the ranks it waited for.
+
+    ``job``: a token the ranks of one job share and no other job uses (a
+    launcher's run id, or any string handed to every rank): processes with
+    another token never join this group nor disturb its join, they wait for
+    the name to be free. Without it the name alone says which processes
+    belong together (see the module's table). ``Group()`` blocks until all
+    ``world_size`` ranks have joined; a process of this job that conflicts
+    with the join (another ``world_size``, a rank already taken, a second
+    rank 0) makes every member's ``Group()`` raise within a tenth of a
+    second, and raises itself."""
 
     def __init__(self, name: str, rank: int, world_size: int, *, timeout: Optional[float] = None,
-                 _slot_bytes: int = SLOT_BYTES) -> None:
+                 job: Optional[str] = None, _slot_bytes: int = SLOT_BYTES) -> None:
         self._g: Any = None
         self._name = checked_name(name, "group name", limits.NAME_MAX - 40)
         world_size = _int(world_size, "world_size")
@@ -159,6 +217,9 @@ class Group:
             raise InvalidArgument(f"rank must be in [0, world_size) = [0, {world_size}), got {rank}")
         self._rank = rank
         self._world = world_size
+        self._job = job
+        self._job_token = _job_token(job)
+        self._holder = 0  # the pid the last attempt to join found holding what it needed, for messages
         self._timeout = timeout
         self._timeout_ns = _timeout_ns(timeout)
         self._lock = threading.Lock()
@@ -187,9 +248,7 @@ class Group:
             if rc == 0:
                 break
             if deadline is not None and time.monotonic() >= deadline:
-                who = "rank 0 has not created it" if rc == -errno.ENOENT else "rank 0 is still creating it"
-                raise RendezvousTimeout(f"joining group {self._name!r} as rank {self._rank}: {who} after "
-                                        f"{self._timeout} s; start every rank, or pass a longer timeout=")
+                raise RendezvousTimeout(self._not_joined(rc))
             time.sleep(pause)
             pause = min(2 * pause, 0.05)
         self._ino = fd_ino
@@ -204,18 +263,41 @@ class Group:
             self._close_handle()
             raise
 
+    def _not_joined(self, rc: int) -> str:
+        """Why a join that timed out before it found a segment to join did not."""
+        if rc == -errno.EREMCHG:
+            who = (f"another job's group holds the name (its rank 0 is pid {self._holder}; its job= token is not "
+                   f"ours), and still did")
+            hint = "give each job its own group name, or pass a longer timeout= (it waits for the name)"
+        else:
+            who = "rank 0 has not created it" if rc == -errno.ENOENT else "rank 0 is still creating it"
+            hint = "start every rank, or pass a longer timeout="
+        return f"joining group {self._name!r} as rank {self._rank}: {who} after {self._timeout} s; {hint}"
+
+    def _shm_open(self, *args: Any, **kwargs: Any) -> "posix_ipc.SharedMemory":
+        """The group's segment (shm_open)."""
+        return shm_open(self._path, f"group {self._name!r}", *args, **kwargs)
+
+    def _check_owner(self, fd: int) -> None:
+        check_owner(fd, self._name, self._path)
+
+    def _refuse(self, fd: int, why: str) -> int:
+        """Refuse the join of the group in fd, as a process of our job that
+        conflicts with it (rdv_coll_refuse: 0 refused, -EALREADY formed, ...)."""
+        hint = "give each job its own group name, or pass each its own job="
+        return int(lib.rdv_coll_refuse(fd, self._job_token, *self._reason(f"{why}; {hint}")))
+
     def _try_open(self, slot_bytes: int, out: Any, last: Any) -> Tuple[int, int]:
-        """One attempt: (0, inode) joined; (-ENOENT or -EAGAIN, 0) to try again."""
+        """One attempt: (0, inode) joined; (-ENOENT, -EAGAIN or -EREMCHG: another job's, 0) to try again."""
         if self._rank == 0:
             sweep_stale_groups()
             try:
-                shm = shm_open(self._path, f"group {self._name!r}", posix_ipc.O_CREX, mode=0o600)
+                shm = self._shm_open(posix_ipc.O_CREX, mode=0o600)
             except posix_ipc.ExistentialError:
-                self._clear_stale()
-                return -errno.EAGAIN, 0
+                return self._name_taken(), 0
             try:
                 ino = os.fstat(shm.fd).st_ino
-                rc = lib.rdv_coll_open(shm.fd, 1, self._world, 0, slot_bytes, _NO_JOB, out, last)
+                rc = lib.rdv_coll_open(shm.fd, 1, self._world, 0, slot_bytes, self._job_token, out, last)
                 if rc == 0:  # owned at once: an exception from here on frees it (lock, mapping)
                     self._opened = ffi.gc(out[0], lib.rdv_coll_free)
             finally:
@@ -226,14 +308,15 @@ class Group:
                                       f"({os.strerror(-rc)}); is /dev/shm full?")
             return 0, ino
         try:
-            shm = shm_open(self._path, f"group {self._name!r}")
+            shm = self._shm_open()
         except posix_ipc.ExistentialError:
             return -errno.ENOENT, 0
+        pid = ffi.new("uint32_t *")
+        refused = 0
         try:
-            check_owner(shm.fd, self._name, self._path)
+            self._check_owner(shm.fd)
             st = os.fstat(shm.fd)
-            rc = lib.rdv_coll_open(shm.fd, 0, self._world, self._rank, slot_bytes, _NO_JOB, out, last)
-            pid = ffi.new("uint32_t *")
+            rc = lib.rdv_coll_open(shm.fd, 0, self._world, self._rank, slot_bytes, self._job_token, out, last)
             if rc == 0:
                 self._opened = ffi.gc(out[0], lib.rdv_coll_free)  # an exception from here on frees it
                 if lib.rdv_coll_creator_alive(shm.fd, 1, pid):
@@ -245,43 +328,80 @@ class Group:
             if rc == -errno.EAGAIN:
                 return rc, 0
             creator = lib.rdv_coll_creator_alive(shm.fd, 0, pid)
+            stale = not creator and (rc != -errno.EOWNERDEAD or time.time() - st.st_ctime >= CREATOR_GRACE_S)
+            if not stale and rc == -errno.EBUSY:
+                refused = self._refuse(shm.fd, f"pid {os.getpid()} came as rank {self._rank}, which pid {last[0]} "
+                                               f"holds: a rank was started twice, or another job uses this name")
+            elif not stale and rc == -errno.EXDEV:
+                refused = self._refuse(shm.fd, f"pid {os.getpid()} came as rank {self._rank} with world_size="
+                                               f"{self._world} (or another buffer size), not the group's: the ranks "
+                                               f"disagree, or another job uses this name")
         finally:
             shm.close_fd()
-        stale = not creator and (rc != -errno.EOWNERDEAD or time.time() - st.st_ctime >= CREATOR_GRACE_S)
+        self._holder = pid[0]
         if stale:  # left by a job whose rank 0 is gone: not ours to join
             self._unlink_if(st.st_ino)
             return -errno.EAGAIN, 0
         if rc == -errno.EOWNERDEAD:
             return -errno.EAGAIN, 0
+        if rc == -errno.EREMCHG:  # another job's: wait until its name goes
+            return rc, 0
+        formed = refused == -errno.EALREADY
+        if formed:  # every rank has joined it: its name is of no more use
+            self._unlink_if(st.st_ino)
         if rc == -errno.EBUSY:
-            raise RendezvousError(f"joining group {self._name!r}: rank {self._rank} is taken by pid {last[0]} "
-                                  f"(another job with this group name, started by pid {pid[0]}?); give each job "
-                                  f"its own name")
+            then = (f"and that group has formed (all {self._world} ranks joined): this process came late, or"
+                    if formed else "so the group's join is refused (its members raise too): a rank was started "
+                    "twice, or")
+            raise RendezvousError(f"joining group {self._name!r}: rank {self._rank} is taken by pid {last[0]}, "
+                                  f"{then} another job uses this group name (started by pid {pid[0]}); give each "
+                                  f"job its own name, or pass each its own job=")
         if rc == -errno.EXDEV:
+            then = "that group has formed already" if formed else "its join is refused (its members raise too)"
             raise CollectiveMismatch(f"joining group {self._name!r} with world_size={self._world}: rank 0 "
-                                     f"(pid {pid[0]}) created it with another world_size (or buffer size); every "
-                                     f"rank must pass the same (or another job uses this name)")
+                                     f"(pid {pid[0]}) created it with another world_size (or buffer size), and "
+                                     f"{then}; every rank must pass the same (or another job uses this name: give "
+                                     f"each job its own, or pass each its own job=)")
         raise SegmentMismatch(f"joining group {self._name!r}: its segment is not a group of this shmrdv "
                               f"({errno.errorcode.get(-rc, rc)}); remove /dev/shm{self._path} if no job uses it")
 
-    def _clear_stale(self) -> None:
-        """Rank 0 found the name taken: by a live job (an error), or left by a dead one (removed)."""
+    def _name_taken(self) -> int:
+        """Rank 0 found the name taken: left by a dead job (removed), a group
+        that has formed (its name of no more use: removed), one being created
+        or another job's (wait): -EAGAIN or -EREMCHG to try again; or a join
+        of this job's under way: a second rank 0, which refuses that join
+        (its members raise) and raises."""
         try:
-            shm = shm_open(self._path, f"group {self._name!r}")
+            shm = self._shm_open()
         except posix_ipc.ExistentialError:
-            return
+            return -errno.EAGAIN
+        pid = ffi.new("uint32_t *")
+        rc = 0
         try:
-            check_owner(shm.fd, self._name, self._path)
+            self._check_owner(shm.fd)
             st = os.fstat(shm.fd)
-            pid = ffi.new("uint32_t *")
             creator = lib.rdv_coll_creator_alive(shm.fd, 0, pid)
+            if creator:
+                rc = self._refuse(shm.fd, f"pid {os.getpid()} came as rank 0 too: a rank was started twice, or "
+                                          f"another job uses this name")
         finally:
             shm.close_fd()
-        if creator:
-            raise RendezvousError(f"creating group {self._name!r}: a job is using this name (its rank 0 is pid "
-                                  f"{pid[0]}); give each job its own group name")
-        if time.time() - st.st_ctime >= CREATOR_GRACE_S or st.st_size > 0:
+        self._holder = pid[0]
+        if not creator:  # a killed job's (once its creator had time to lock it)
+            if time.time() - st.st_ctime >= CREATOR_GRACE_S or st.st_size > 0:
+                self._unlink_if(st.st_ino)
+            return -errno.EAGAIN
+        if rc == -errno.EALREADY:
             self._unlink_if(st.st_ino)
+        if rc in (-errno.EALREADY, -errno.EAGAIN, -errno.EREMCHG):
+            return -errno.EREMCHG if rc == -errno.EREMCHG else -errno.EAGAIN
+        if rc == 0:
+            raise RendezvousError(f"creating group {self._name!r}: pid {pid[0]} created it as rank 0 already, and "
+                                  f"its join is under way; this refuses that join (its members raise too), as a "
+                                  f"rank was started twice or another job uses this group name; give each job its "
+                                  f"own name, or pass each its own job=")
+        raise SegmentMismatch(f"creating group {self._name!r}: pid {pid[0]} holds its name, but it is not a group "
+                              f"of this shmrdv ({errno.errorcode.get(-rc, rc)}); use another name")
 
     def _unlink_if(self, ino: int) -> None:
         try:
@@ -443,8 +563,13 @@ class Group:
         if rc == -errno.ECONNABORTED:
             buf = ffi.new("char[]", limits.REASON_MAX)
             n = ffi.new("uint32_t *")
-            lib.rdv_coll_reason(g, buf, limits.REASON_MAX, n)
+            known = lib.rdv_coll_reason(g, buf, limits.REASON_MAX, n) == 0
             reason = ffi.unpack(buf, n[0]).decode("utf-8", "replace")
+            if st.rank == lib.RDV_COLL_OUTSIDER:
+                if not known:
+                    reason = ("a process of this job conflicted with it (another world_size, a rank already taken, "
+                              "or a second rank 0) and could not say more")
+                raise Aborted(f"group {self._name!r} was aborted: its join was refused: {reason}")
             if st.timed_out:
                 raise GroupTimeout(f"group {self._name!r} was aborted: {reason}",
                                    tuple(r for r in range(self._world) if st.missing >> r & 1))
@@ -731,7 +856,7 @@ class Group:
         self._subgroups[members] = count + 1
         tag = zlib.crc32(repr(members).encode())
         name = f"{self._name}.{len(members)}-{tag:08x}-{count}"
-        return Group(name, members.index(self._rank), len(members), timeout=self._timeout)
+        return Group(name, members.index(self._rank), len(members), timeout=self._timeout, job=self._job)
 
 
 def _describe(kind: int, op: int, dtype: int, root: int, nbytes: int) -> str:

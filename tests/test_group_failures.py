@@ -610,62 +610,194 @@ def test_close_from_another_thread_of_a_blocked_rank(procs):
 # ---------------------------------------------------------------- joining
 
 
-def test_join_with_another_world_size_is_refused(procs):
+def _join_then(procs, name: str, W: int, ranks, intrude) -> dict:
+    """Ranks `ranks` of a group of W join with no timeout and wait for the
+    others; once they hold their slots, intrude(conn) runs in a process of
+    its own. Every member's Group() must raise within DEADLINE of the
+    intruder's report; their reports, and the intruder's, by key."""
+
+    def member(conn, rank):
+        conn.send(attempt(shmrdv.Group, name, rank, W))
+
+    for r in ranks:
+        procs.start(r, member, r)
+    deadline = time.monotonic() + 10
+    while not all(holds_its_slot(name, r) for r in ranks):
+        assert time.monotonic() < deadline, "the members did not join"
+        time.sleep(0.01)
+    time.sleep(0.1)  # asleep in their wait for the others
+    procs.start("intruder", intrude)
+    reps = {"intruder": procs.get("intruder")}
+    for r in ranks:
+        reps[r] = procs.get(r, timeout=5)
+        assert reps[r]["t"] - reps["intruder"]["t"] < DEADLINE, (r, reps[r])
+    return reps
+
+
+def test_join_with_another_world_size_is_refused_on_every_rank(procs):
+    """Rank 0 (world_size 2, no timeout) waits; rank 1 comes with world_size
+    3: it raises CollectiveMismatch, and rank 0's Group() raises at once too,
+    saying why, leaving nothing in /dev/shm (no_leaks)."""
     name = new_name("ws")
-
-    def rank0(conn):
-        conn.send(attempt(shmrdv.Group, name, 0, 2, timeout=1.5))
-
-    def rank1(conn):
-        conn.send(attempt(shmrdv.Group, name, 1, 3, timeout=5))
-
-    procs.start(0, rank0)
-    procs.start(1, rank1)
-    rep = procs.get(1)
-    assert_raised(rep, "CollectiveMismatch", "world_size=3", "another world_size")
-    assert "ValueError" in rep["mro"]
-    assert_raised(procs.get(0), "RendezvousTimeout", "ranks [1] had not joined")
+    reps = _join_then(procs, name, 2, [0], lambda conn: conn.send(attempt(shmrdv.Group, name, 1, 3, timeout=5)))
+    assert_raised(reps["intruder"], "CollectiveMismatch", "world_size=3", "another world_size", "refused")
+    assert "ValueError" in reps["intruder"]["mro"]
+    assert_raised(reps[0], "Aborted", "its join was refused", f"pid {procs.pid('intruder')} came as rank 1 "
+                  "with world_size=3")
     procs.join()
 
 
-def test_same_rank_joined_twice_is_refused(procs):
-    """While ranks 0 and 1 wait in Group() for rank 2, a second process (and
-    a second Group in rank 1's own process, from a thread) joining as rank 1
-    gets a clear error; the group itself is not disturbed."""
+def test_same_rank_joined_twice_is_refused_on_every_rank(procs):
+    """While ranks 0 and 1 of 3 wait in Group() (no timeout) for rank 2, a
+    second process joins as rank 1: it raises naming the holder, and so do
+    ranks 0 and 1, at once; rank 2, coming later, finds no group of theirs."""
     W, name = 3, new_name("twice")
+    reps = _join_then(procs, name, W, [0, 1], lambda conn: conn.send(attempt(shmrdv.Group, name, 1, W, timeout=3)))
+    assert_raised(reps["intruder"], "RendezvousError", f"rank 1 is taken by pid {procs.pid(1)}",
+                  "give each job its own name")
+    for r in (0, 1):
+        assert_raised(reps[r], "Aborted", "its join was refused", f"came as rank 1, which pid {procs.pid(1)} holds")
+    procs.start(2, lambda conn: conn.send(attempt(shmrdv.Group, name, 2, W, timeout=0.5)))
+    assert_raised(procs.get(2), "RendezvousTimeout", "rank 0 has not created it")
+    procs.join()
+
+
+def test_same_rank_joined_twice_in_one_process_is_refused(procs):
+    """A second Group() as rank 1 in rank 1's own process (from a thread)
+    is refused like another process's: every member raises."""
+    W, name = 3, new_name("twice1")
 
     def member(conn, rank):
         again = []
         if rank == 1:
             def join_again():
-                time.sleep(0.3)  # the main thread holds rank 1 by now
+                wait_parent(conn)
                 again.append(attempt(shmrdv.Group, name, 1, W, timeout=2))
 
             thread = threading.Thread(target=join_again)
             thread.start()
+        rep = attempt(shmrdv.Group, name, rank, W)
+        if rank == 1:
+            thread.join()
+            rep["again"] = again[0]
+        conn.send(rep)
+
+    for r in (0, 1):
+        procs.start(r, member, r)
+    deadline = time.monotonic() + 10
+    while not (holds_its_slot(name, 0) and holds_its_slot(name, 1)):
+        assert time.monotonic() < deadline, "the members did not join"
+        time.sleep(0.01)
+    procs.put(1, "join again")
+    reps = {r: procs.get(r) for r in (0, 1)}
+    assert_raised(reps[1].pop("again"), "RendezvousError", f"rank 1 is taken by pid {procs.pid(1)}")
+    for r in (0, 1):
+        assert_raised(reps[r], "Aborted", "its join was refused")
+    procs.join()
+
+
+def test_second_rank0_is_refused_on_every_rank(procs):
+    W, name = 3, new_name("twice0")
+    reps = _join_then(procs, name, W, [0, 1], lambda conn: conn.send(attempt(shmrdv.Group, name, 0, W, timeout=3)))
+    assert_raised(reps["intruder"], "RendezvousError", f"pid {procs.pid(0)} created it as rank 0 already")
+    for r in (0, 1):
+        assert_raised(reps[r], "Aborted", "its join was refused", "came as rank 0 too")
+    procs.join()
+
+
+def test_a_rank_that_comes_after_the_group_formed_cannot_disturb_it(procs):
+    """A group of 2 forms, but its name is left (the last joiner kept it, as
+    one killed before removing it would); a second rank 1 then finds the
+    group formed: it raises (came late) and removes the name; the group
+    goes on."""
+    W, name = 2, new_name("late")
+
+    def member(conn, rank):
+        shmrdv.Group._unlink = lambda self: None  # this process keeps the name: the window before it goes
         with shmrdv.Group(name, rank, W, timeout=20) as g:
-            if rank == 1:
-                thread.join()
-            conn.send(("joined", again))
-            conn.send(attempt(g.allreduce, np.full(4, rank + 1, np.int32)))
+            conn.send("joined")
+            wait_parent(conn)
+            conn.send(attempt(g.allreduce, np.full(3, rank + 1, np.int64)))
 
-    def intruder(conn):
-        conn.send(attempt(shmrdv.Group, name, 1, W, timeout=3))
-
-    procs.start(0, member, 0)
-    procs.start(1, member, 1)
-    time.sleep(0.3)
-    procs.start("intruder", intruder)
-    rep = procs.get("intruder")
-    assert_raised(rep, "RendezvousError", "rank 1 is taken", "give each job its own name")
-    time.sleep(0.3)
-    procs.start(2, member, 2)
-    joined = {r: procs.get(r) for r in range(W)}
-    assert all(j[0] == "joined" for j in joined.values())
-    (again,) = joined[1][1]
-    assert_raised(again, "RendezvousError", "rank 1 is taken")
     for r in range(W):
-        assert procs.get(r).get("ok") == [6] * 4
+        procs.start(r, member, r)
+    for r in range(W):
+        assert procs.get(r) == "joined"
+    assert shm_entries(name), "the name should still be there"
+    procs.start("late", lambda conn: conn.send(attempt(shmrdv.Group, name, 1, W, timeout=3)))
+    assert_raised(procs.get("late"), "RendezvousError", "rank 1 is taken", "formed", "came late")
+    assert shm_entries(name) == []
+    for r in range(W):
+        procs.put(r, "go")
+    for r in range(W):
+        assert procs.get(r).get("ok") == [3, 3, 3]
+    procs.join()
+
+
+def test_two_jobs_with_one_name_and_their_own_job_tokens_form_two_groups(procs):
+    """The issue's mix: job A's ranks 0 and 1 join; job B's ranks 2, 0 and 1
+    come, then A's rank 2. Without a token, B's rank 2 completed A's group
+    and A's rank 2 joined B's next one. With job= tokens, B's ranks wait
+    while A's group forms, then form their own: each job sums its own."""
+    W, name = 3, new_name("jobs")
+
+    def rank_main(conn, job, rank):
+        joined = attempt(shmrdv.Group, name, rank, W, timeout=20, job=job)
+        if "ok" not in joined:
+            conn.send(joined)
+            return
+        with joined["group"] as g:
+            conn.send(attempt(g.allreduce, np.full(2, 1 if job == "A" else 100, np.int64)))
+
+    for r in (0, 1):
+        procs.start(("A", r), rank_main, "A", r)
+    deadline = time.monotonic() + 10
+    while not (holds_its_slot(name, 0) and holds_its_slot(name, 1)):
+        assert time.monotonic() < deadline, "A's ranks did not join"
+        time.sleep(0.01)
+    for r in (2, 0, 1):
+        procs.start(("B", r), rank_main, "B", r)
+        time.sleep(0.1)
+    time.sleep(0.2)
+    procs.start(("A", 2), rank_main, "A", 2)
+    for job, total in (("A", 3), ("B", 300)):
+        for r in range(W):
+            assert procs.get((job, r)).get("ok") == [total, total], (job, r)
+    procs.join()
+
+
+def test_two_jobs_with_one_name_that_meet_while_joining_both_fail(procs):
+    """Without job=, job B's rank 0 finds job A's join under way (A's ranks 0
+    and 1 wait for rank 2): it refuses that join and raises, and A's ranks
+    raise at once; B's rank 2 and A's rank 2, coming next, find nothing to
+    join. Nobody computes: never a mixed group (the old way, B's rank 2
+    completed A's group)."""
+    W, name = 3, new_name("meet")
+
+    def rank_main(conn, job, rank, timeout):
+        joined = attempt(shmrdv.Group, name, rank, W, timeout=timeout)
+        if "ok" not in joined:
+            conn.send(joined)
+            return
+        with joined["group"] as g:
+            conn.send(attempt(g.allreduce, np.full(2, 1 if job == "A" else 100, np.int64)))
+
+    for r in (0, 1):
+        procs.start(("A", r), rank_main, "A", r, 10)
+    deadline = time.monotonic() + 10
+    while not (holds_its_slot(name, 0) and holds_its_slot(name, 1)):
+        assert time.monotonic() < deadline, "A's ranks did not join"
+        time.sleep(0.01)
+    procs.start(("B", 0), rank_main, "B", 0, 10)
+    b0 = procs.get(("B", 0))
+    assert_raised(b0, "RendezvousError", "created it as rank 0 already", "pass each its own job=")
+    for r in (0, 1):
+        rep = procs.get(("A", r))
+        assert_raised(rep, "Aborted", "its join was refused", "came as rank 0 too")
+        assert rep["t"] - b0["t"] < DEADLINE
+    for key in (("B", 2), ("A", 2)):
+        procs.start(key, rank_main, *key, 0.5)
+        assert_raised(procs.get(key), "RendezvousTimeout", "rank 0 has not created it")
     procs.join()
 
 
