@@ -89,7 +89,8 @@ OPS = {"sum": lib.RDV_OP_SUM, "prod": lib.RDV_OP_PROD, "min": lib.RDV_OP_MIN, "m
 _KINDS = {lib.RDV_COLL_BARRIER: "barrier", lib.RDV_COLL_ALLREDUCE: "allreduce", lib.RDV_COLL_BROADCAST: "broadcast",
           lib.RDV_COLL_ALLGATHER: "allgather", lib.RDV_COLL_REDUCE_SCATTER: "reduce_scatter",
           lib.RDV_COLL_REDUCE: "reduce", lib.RDV_COLL_GATHER: "gather", lib.RDV_COLL_SCATTER: "scatter",
-          lib.RDV_COLL_ALLTOALL: "alltoall", lib.RDV_COLL_SCATTER_META: "scatter"}
+          lib.RDV_COLL_ALLTOALL: "alltoall", lib.RDV_COLL_SCATTER_META: "scatter",
+          lib.RDV_COLL_FAILED: "call that failed"}
 _OP_NAMES = {v: k for k, v in OPS.items()}
 _DTYPES: Dict[np.dtype, int] = {
     np.dtype(np.bool_): lib.RDV_DT_BOOL, np.dtype(np.int8): lib.RDV_DT_I8, np.dtype(np.uint8): lib.RDV_DT_U8,
@@ -203,7 +204,12 @@ class Group:
     ``world_size`` ranks have joined; a process of this job that conflicts
     with the join (another ``world_size``, a rank already taken, a second
     rank 0) makes every member's ``Group()`` raise within a tenth of a
-    second, and raises itself."""
+    second, and raises itself.
+
+    A call whose arguments this rank gets wrong raises here, and is made
+    all the same, as a call that failed: the others' call raises
+    ``CollectiveMismatch`` naming the error (rather than pairing with this
+    rank's next call), and the group goes on."""
 
     def __init__(self, name: str, rank: int, world_size: int, *, timeout: Optional[float] = None,
                  job: Optional[str] = None, _slot_bytes: int = SLOT_BYTES) -> None:
@@ -534,6 +540,27 @@ class Group:
             kind = _KINDS.get(what & 0xFF, "collective")
             lib.rdv_coll_abort(g, *self._reason(f"rank {self._rank} was interrupted ({type(exc).__name__}) in {kind}"))
 
+    def _failed_call(self, kind: int, exc: Exception) -> None:
+        """This rank's call of kind failed before it began (exc, raised from
+        its arguments): make it all the same, as a call that says so, so
+        that the others stop at it (CollectiveMismatch naming exc) rather
+        than pair their call with this rank's next one. Errors of that call
+        are the group's, for a later call to raise: the caller raises exc."""
+        g = self._g
+        if g is None or self._forked:
+            return  # no call to make: the next one raises why
+        why = f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")[: limits.REASON_MAX]
+        what = lib.RDV_COLL_FAILED | kind << 8
+        try:
+            rc = lib.rdv_coll_run(g, what, len(why), 0, why, ffi.NULL)
+            if rc:
+                self._finish(g, rc, what, len(why))
+        except RendezvousError:
+            pass
+        except BaseException as interrupt:
+            self._interrupted(g, interrupt, what)
+            raise
+
     @staticmethod
     def _reason(text: str) -> Tuple[bytes, int]:
         data = text.encode()[: limits.REASON_MAX]
@@ -541,6 +568,15 @@ class Group:
 
     def _raise(self, g: Any, rc: int, what: str) -> None:
         st = self._status
+        if rc == -errno.EBADE and st.kind == lib.RDV_COLL_FAILED:
+            buf = ffi.new("char[]", limits.REASON_MAX)
+            n = ffi.new("uint32_t *")
+            lib.rdv_coll_failed_why(g, buf, limits.REASON_MAX, n)
+            why = ffi.unpack(buf, n[0]).decode("utf-8", "replace")
+            raise CollectiveMismatch(
+                f"{what} on group {self._name!r}: rank {st.rank} could not make its {_KINDS.get(st.op, 'call')} "
+                f"({why}); it raised that, and every rank stops at this call. No result was computed; the group "
+                f"can go on")
         if rc == -errno.EBADE:
             mine = self._last
             theirs = (st.kind, st.op, st.dtype, st.root, st.nbytes)
@@ -705,29 +741,37 @@ class Group:
         if out is array and is_tensor(array):
             # a tensor in place (DDP's buckets): its own ndarray, in place,
             # takes the fast path above from the second call on
-            view, _ = as_array(array, "allreduce: out", out=True)
+            try:
+                view, _ = as_array(array, "allreduce: out", out=True)
+            except Exception as exc:
+                self._failed_call(_ALLREDUCE, exc)
+                raise
             self.allreduce(view, op, out=view)
             return array
         return self._allreduce(g, array, op, out)
 
     def _allreduce(self, g: Any, array: Any, op: str, out: Any) -> Any:
         """allreduce, every case."""
-        a, tensor = self._input(array, "allreduce")
-        code, dt = self._reduction(a, op, "allreduce")
-        what = _ALLREDUCE | code << 8 | dt << 16
-        self._last_reduction = (op, a.dtype, what)
-        fill = None
-        if out is None:
-            res, out_obj = np.empty_like(a), None
-        elif out is array and a is array and a.flags.writeable:
-            res, out_obj = a, out
-        else:
-            res, out_obj, fill = self._out(out, a, "allreduce")
-            if res is not a and np.may_share_memory(res, a):
-                if _same_memory(res, a):  # two views of it (a tensor's and ours): in place
-                    res = a
-                else:  # overlapping, not the same: reduce from a copy
-                    a = a.copy()
+        try:
+            a, tensor = self._input(array, "allreduce")
+            code, dt = self._reduction(a, op, "allreduce")
+            what = _ALLREDUCE | code << 8 | dt << 16
+            self._last_reduction = (op, a.dtype, what)
+            fill = None
+            if out is None:
+                res, out_obj = np.empty_like(a), None
+            elif out is array and a is array and a.flags.writeable:
+                res, out_obj = a, out
+            else:
+                res, out_obj, fill = self._out(out, a, "allreduce")
+                if res is not a and np.may_share_memory(res, a):
+                    if _same_memory(res, a):  # two views of it (a tensor's and ours): in place
+                        res = a
+                    else:  # overlapping, not the same: reduce from a copy
+                        a = a.copy()
+        except Exception as exc:
+            self._failed_call(_ALLREDUCE, exc)
+            raise
         src = ffi.from_buffer(a)
         try:
             rc = lib.rdv_coll_run(g, what, a.nbytes, hash(a.shape) & _HASH_MASK, src,
@@ -741,10 +785,14 @@ class Group:
 
     def reduce(self, array: Any, root: int = 0, op: str = "sum") -> Any:
         """The reduction on root; None on the other ranks."""
-        a, tensor = self._input(array, "reduce")
-        code, dt = self._reduction(a, op, "reduce")
-        root = self._root(root, "reduce")
-        res = np.empty_like(a) if self._rank == root else None
+        try:
+            a, tensor = self._input(array, "reduce")
+            code, dt = self._reduction(a, op, "reduce")
+            root = self._root(root, "reduce")
+            res = np.empty_like(a) if self._rank == root else None
+        except Exception as exc:
+            self._failed_call(lib.RDV_COLL_REDUCE, exc)
+            raise
         self._run(lib.RDV_COLL_REDUCE, code, dt, root, a.nbytes, _shape_hash(a.shape, a.dtype), ffi.from_buffer(a),
                   ffi.NULL if res is None else ffi.from_buffer(res, require_writable=True))
         return None if res is None else self._result(res, tensor)
@@ -752,12 +800,16 @@ class Group:
     def reduce_scatter(self, array: Any, op: str = "sum") -> Any:
         """This rank's block of the reduction: rows [rank * n, (rank + 1) * n)
         of it, n = array.shape[0] // world_size."""
-        a, tensor = self._input(array, "reduce_scatter")
-        code, dt = self._reduction(a, op, "reduce_scatter")
-        if a.ndim == 0 or a.shape[0] % self._world:
-            raise InvalidArgument(f"reduce_scatter: array.shape[0] must be a multiple of world_size = "
-                                  f"{self._world}, got shape {a.shape}")
-        res = np.empty((a.shape[0] // self._world,) + a.shape[1:], a.dtype)
+        try:
+            a, tensor = self._input(array, "reduce_scatter")
+            code, dt = self._reduction(a, op, "reduce_scatter")
+            if a.ndim == 0 or a.shape[0] % self._world:
+                raise InvalidArgument(f"reduce_scatter: array.shape[0] must be a multiple of world_size = "
+                                      f"{self._world}, got shape {a.shape}")
+            res = np.empty((a.shape[0] // self._world,) + a.shape[1:], a.dtype)
+        except Exception as exc:
+            self._failed_call(lib.RDV_COLL_REDUCE_SCATTER, exc)
+            raise
         self._run(lib.RDV_COLL_REDUCE_SCATTER, code, dt, 0, a.nbytes, _shape_hash(a.shape, a.dtype),
                   ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
         return self._result(res, tensor)
@@ -766,30 +818,42 @@ class Group:
         """root's array on every rank. Every rank passes an array of the same
         shape and dtype (the others' contents are not read); the root gets
         its own array back (or out, filled with it)."""
-        a, tensor = self._input(array, "broadcast")
-        root = self._root(root, "broadcast")
-        fill = None
-        if self._rank == root and out is None:
-            res, out_obj = a, array if tensor else None
-        else:
-            res, out_obj, fill = self._out(out, a, "broadcast")
+        try:
+            a, tensor = self._input(array, "broadcast")
+            root = self._root(root, "broadcast")
+            fill = None
+            if self._rank == root and out is None:
+                res, out_obj = a, array if tensor else None
+            else:
+                res, out_obj, fill = self._out(out, a, "broadcast")
+        except Exception as exc:
+            self._failed_call(lib.RDV_COLL_BROADCAST, exc)
+            raise
         self._run(lib.RDV_COLL_BROADCAST, 0, _code(a.dtype), root, a.nbytes, _shape_hash(a.shape, a.dtype),
                   ffi.from_buffer(a), ffi.from_buffer(res, require_writable=res is not a))
         return self._result(res, tensor, out_obj, fill)
 
     def allgather(self, array: Any) -> Any:
         """Every rank's array, stacked: shape (world_size, *array.shape), row r from rank r."""
-        a, tensor = self._input(array, "allgather")
-        res = np.empty((self._world,) + a.shape, a.dtype)
+        try:
+            a, tensor = self._input(array, "allgather")
+            res = np.empty((self._world,) + a.shape, a.dtype)
+        except Exception as exc:
+            self._failed_call(lib.RDV_COLL_ALLGATHER, exc)
+            raise
         self._run(lib.RDV_COLL_ALLGATHER, 0, _code(a.dtype), 0, a.nbytes, _shape_hash(a.shape, a.dtype),
                   ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
         return self._result(res, tensor)
 
     def gather(self, array: Any, root: int = 0) -> Any:
         """allgather's result on root; None on the other ranks."""
-        a, tensor = self._input(array, "gather")
-        root = self._root(root, "gather")
-        res = np.empty((self._world,) + a.shape, a.dtype) if self._rank == root else None
+        try:
+            a, tensor = self._input(array, "gather")
+            root = self._root(root, "gather")
+            res = np.empty((self._world,) + a.shape, a.dtype) if self._rank == root else None
+        except Exception as exc:
+            self._failed_call(lib.RDV_COLL_GATHER, exc)
+            raise
         self._run(lib.RDV_COLL_GATHER, 0, _code(a.dtype), root, a.nbytes, _shape_hash(a.shape, a.dtype),
                   ffi.from_buffer(a), ffi.NULL if res is None else ffi.from_buffer(res, require_writable=True))
         return None if res is None else self._result(res, tensor)
@@ -797,22 +861,27 @@ class Group:
     def scatter(self, array: Any = None, root: int = 0) -> Any:
         """Row ``rank`` of root's array (shape (world_size, ...)); the other
         ranks pass None (or anything: it is not read)."""
-        root = self._root(root, "scatter")
         meta = np.zeros(_META_DIMS, np.int64)
         tensor = False
         a: Optional[np.ndarray] = None
-        if self._rank == root:
-            a, tensor = self._input(array, "scatter")
-            self._rows(a, "scatter")
-            if a.ndim - 1 > limits.NDIM_MAX - 1:
-                raise InvalidArgument(f"scatter: rows of {a.ndim - 1} dimensions; at most {limits.NDIM_MAX - 1} "
-                                      f"(the array, with its world_size rows, at most {limits.NDIM_MAX})")
-            code = _code(a.dtype)
-            if code == 0:
-                raise InvalidType(f"scatter: dtype {a.dtype} is not one a group moves: numeric, bool, float16 "
-                                  f"and bfloat16 arrays")
-            meta[0], meta[1], meta[2 : 2 + a.ndim - 1] = code, a.ndim - 1, a.shape[1:]
-            meta[-1] = int(tensor)
+        try:
+            root = self._root(root, "scatter")
+            if self._rank == root:
+                a, tensor = self._input(array, "scatter")
+                self._rows(a, "scatter")
+                if a.ndim - 1 > limits.NDIM_MAX - 1:
+                    raise InvalidArgument(f"scatter: rows of {a.ndim - 1} dimensions; at most "
+                                          f"{limits.NDIM_MAX - 1} (the array, with its world_size rows, at most "
+                                          f"{limits.NDIM_MAX})")
+                code = _code(a.dtype)
+                if code == 0:
+                    raise InvalidType(f"scatter: dtype {a.dtype} is not one a group moves: numeric, bool, float16 "
+                                      f"and bfloat16 arrays")
+                meta[0], meta[1], meta[2 : 2 + a.ndim - 1] = code, a.ndim - 1, a.shape[1:]
+                meta[-1] = int(tensor)
+        except Exception as exc:
+            self._failed_call(lib.RDV_COLL_SCATTER, exc)
+            raise
         self._run(lib.RDV_COLL_SCATTER_META, 0, lib.RDV_DT_I64, root, meta.nbytes, 0, ffi.from_buffer(meta),
                   ffi.from_buffer(meta, require_writable=True))
         dtype, shape, tensor = self._scattered(meta)
@@ -831,9 +900,13 @@ class Group:
 
     def alltoall(self, array: Any) -> Any:
         """array has world_size rows; out[j] is rank j's array[rank]."""
-        a, tensor = self._input(array, "alltoall")
-        self._rows(a, "alltoall")
-        res = np.empty_like(a)
+        try:
+            a, tensor = self._input(array, "alltoall")
+            self._rows(a, "alltoall")
+            res = np.empty_like(a)
+        except Exception as exc:
+            self._failed_call(lib.RDV_COLL_ALLTOALL, exc)
+            raise
         self._run(lib.RDV_COLL_ALLTOALL, 0, _code(a.dtype), 0, a.nbytes // self._world,
                   _shape_hash(a.shape, a.dtype), ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
         return self._result(res, tensor)

@@ -292,6 +292,40 @@ def test_mismatch_raises_on_every_rank_and_the_group_goes_on(procs, variant):
     procs.join()
 
 
+def test_argument_error_on_one_rank_stops_every_rank_at_that_call(procs):
+    """Rank 1's reduce_scatter has rows that do not divide by world_size, and
+    its first broadcast a root out of range: it raises InvalidArgument,
+    while ranks 0 and 2 raise CollectiveMismatch naming rank 1 and its
+    error, instead of pairing their call with rank 1's next one (the
+    broadcasts' shapes agree: that would have gone unseen). The calls after
+    are right on every rank."""
+    W, name = 3, new_name("argerr")
+    good, bad = np.arange(6.0), np.arange(4.0)
+
+    def rank_main(conn, rank):
+        with shmrdv.Group(name, rank, W, timeout=10) as g:
+            first = attempt(g.reduce_scatter, bad if rank == 1 else good)
+            second = attempt(g.broadcast, np.full(3, rank, np.int32), W if rank == 1 else 0)
+            third = attempt(g.broadcast, np.full(3, rank + 10, np.int32), 2)
+            total = attempt(g.allreduce, np.full(2, rank + 1, np.int64))
+            conn.send((first, second, third, total))
+
+    for r in range(W):
+        procs.start(r, rank_main, r)
+    for r in range(W):
+        first, second, third, total = procs.get(r)
+        if r == 1:
+            assert_raised(first, "InvalidArgument", "must be a multiple of world_size")
+            assert_raised(second, "InvalidArgument", "root must be a rank")
+        else:
+            assert_raised(first, "CollectiveMismatch", "rank 1 could not make its reduce_scatter",
+                          "InvalidArgument: reduce_scatter: array.shape[0] must be a multiple")
+            assert_raised(second, "CollectiveMismatch", "rank 1 could not make its broadcast", "root must be")
+        assert third.get("ok") == [12, 12, 12], third
+        assert total.get("ok") == [6, 6], total
+    procs.join()
+
+
 # ---------------------------------------------------------------- ranks lost
 
 
