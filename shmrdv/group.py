@@ -155,6 +155,45 @@ def sweep_stale_groups() -> List[str]:
     return sweep(GROUP_PREFIX.lstrip("/"), stale)
 
 
+def remove_group(name: str, force: bool = False) -> List[int]:
+    """Remove group ``name``'s segment (``/dev/shm/shmrdv.group-NAME``: there
+    while a group joins, or left by a job killed while joining; or put there
+    by someone else: another user's file, a symbolic link). A join under way
+    (its rank 0 alive) is left alone: returns ``[pid of rank 0]`` and removes
+    nothing, unless ``force``: its join is then refused first (every member's
+    ``Group()`` raises ``Aborted``, "removed by shmrdv rm --force") and the
+    segment removed. Returns ``[]`` when nobody was joining it;
+    FileNotFoundError when there is none, OSError when it cannot be removed."""
+    name = checked_name(name, "group name", limits.NAME_MAX - 40)
+    path = GROUP_PREFIX + name
+    file = "/dev/shm" + path
+    if not os.path.lexists(file):
+        raise FileNotFoundError(errno.ENOENT, "no such group", name)
+    live: List[int] = []
+    try:
+        shm = posix_ipc.SharedMemory(path)
+    except (posix_ipc.Error, OSError, ValueError):
+        shm = None  # a symbolic link, another user's file, a directory: nothing to ask; unlinking decides
+    if shm is not None:
+        try:
+            pid = ffi.new("uint32_t *")
+            if lib.rdv_coll_creator_alive(shm.fd, 0, pid):
+                live.append(int(pid[0]))
+                if force:
+                    why = b"removed by shmrdv rm --force"
+                    lib.rdv_coll_refuse(shm.fd, ffi.NULL, why, len(why))
+        finally:
+            shm.close_fd()
+    if not live or force:
+        try:
+            os.unlink(file)
+        except FileNotFoundError:
+            if not live:
+                raise
+            # its members, refused, removed it first
+    return live
+
+
 def _job_token(job: Optional[str]) -> bytes:
     """The RDV_COLL_JOB_BYTES a segment's header holds for job: a digest,
     all zero for none."""
@@ -281,11 +320,19 @@ class Group:
         return f"joining group {self._name!r} as rank {self._rank}: {who} after {self._timeout} s; {hint}"
 
     def _shm_open(self, *args: Any, **kwargs: Any) -> "posix_ipc.SharedMemory":
-        """The group's segment (shm_open)."""
-        return shm_open(self._path, f"group {self._name!r}", *args, **kwargs)
+        """The group's segment (shm_open: O_NOFOLLOW); a symbolic link at its name is refused, saying so."""
+        try:
+            return shm_open(self._path, f"group {self._name!r}", *args, **kwargs)
+        except OSError as exc:  # posix_ipc's own errors are no OSError
+            if exc.errno == errno.ELOOP:
+                raise PermissionError(errno.EACCES, f"refusing to join group {self._name!r}: its segment's name is "
+                                      f"a symbolic link (shmrdv never makes one; it could lead a member's writes "
+                                      f"anywhere); remove it (shmrdv rm --group {self._name})",
+                                      "/dev/shm" + self._path) from None
+            raise
 
     def _check_owner(self, fd: int) -> None:
-        check_owner(fd, self._name, self._path)
+        check_owner(fd, self._name, self._path, what="group", remove=f"shmrdv rm --group {self._name}")
 
     def _refuse(self, fd: int, why: str) -> int:
         """Refuse the join of the group in fd, as a process of our job that
@@ -369,7 +416,8 @@ class Group:
                                      f"{then}; every rank must pass the same (or another job uses this name: give "
                                      f"each job its own, or pass each its own job=)")
         raise SegmentMismatch(f"joining group {self._name!r}: its segment is not a group of this shmrdv "
-                              f"({errno.errorcode.get(-rc, rc)}); remove /dev/shm{self._path} if no job uses it")
+                              f"({errno.errorcode.get(-rc, rc)}); remove it (shmrdv rm --group {self._name}) if no "
+                              f"job uses it")
 
     def _name_taken(self) -> int:
         """Rank 0 found the name taken: left by a dead job (removed), a group
@@ -946,4 +994,4 @@ def _describe(kind: int, op: int, dtype: int, root: int, nbytes: int) -> str:
     return f"{name}({', '.join(parts)})"
 
 
-__all__ = ["Group", "GROUP_PREFIX", "MAX_RANKS", "OPS", "SLOT_BYTES", "sweep_stale_groups"]
+__all__ = ["Group", "GROUP_PREFIX", "MAX_RANKS", "OPS", "SLOT_BYTES", "remove_group", "sweep_stale_groups"]

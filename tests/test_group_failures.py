@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 import shmrdv
+import shmrdv.cli
 from tests.conftest import child_processes
 
 pytestmark = pytest.mark.timeout(60)
@@ -872,6 +873,68 @@ def test_join_timeout_names_the_missing_ranks(procs):
     lonely = new_name("nobody")
     procs.start(5, lambda conn: conn.send(attempt(shmrdv.Group, lonely, 1, 2, timeout=0.5)))
     assert_raised(procs.get(5), "RendezvousTimeout", "rank 0 has not created it")
+    procs.join()
+
+
+def test_a_symbolic_link_at_the_groups_name_is_refused_saying_so(procs):
+    """A symbolic link at the group's name (someone else's doing) is refused
+    by rank 0 and the others alike with a PermissionError that says so and
+    names a command that removes it; that command does."""
+    name = new_name("symlink")
+    path = "/dev/shm" + shmrdv.group.GROUP_PREFIX + name
+    os.symlink(f"/dev/shm/{TAG}-nowhere", path)
+    try:
+        for rank in (0, 1):
+            procs.start(rank, lambda conn, rank: conn.send(attempt(shmrdv.Group, name, rank, 2, timeout=0.5)), rank)
+            rep = procs.get(rank)
+            assert_raised(rep, "PermissionError", "symbolic link", f"shmrdv rm --group {name}")
+        assert shmrdv.cli.main(["rm", "--group", name]) == 0
+        assert not os.path.lexists(path)
+    finally:
+        if os.path.lexists(path):
+            os.unlink(path)
+    procs.join()
+
+
+def test_a_group_segment_open_to_others_is_refused_naming_a_command_that_removes_it(procs, capsys):
+    name = new_name("mode")
+    path = "/dev/shm" + shmrdv.group.GROUP_PREFIX + name
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    os.fchmod(fd, 0o644)
+    os.close(fd)
+    procs.start(1, lambda conn: conn.send(attempt(shmrdv.Group, name, 1, 2, timeout=0.5)))
+    assert_raised(procs.get(1), "PermissionError", "refusing to attach to group", "mode 0644",
+                  f"shmrdv rm --group {name}")
+    assert shmrdv.cli.main(["rm", "--group", name]) == 0
+    assert f"group {name}: removed" in capsys.readouterr().out
+    assert not os.path.lexists(path)
+    assert shmrdv.cli.main(["rm", "--group", name]) == 1
+    assert "no such group" in capsys.readouterr().err
+    procs.join()
+
+
+def test_rm_group_leaves_a_join_under_way_unless_forced(procs, capsys):
+    """shmrdv rm --group NAME of a group still joining refuses, naming its
+    rank 0; with --force it refuses the join (the members raise at once,
+    saying so) and removes the segment."""
+    name = new_name("rmjoin")
+    procs.start(0, lambda conn: conn.send(attempt(shmrdv.Group, name, 0, 2)))
+    deadline = time.monotonic() + 10
+    while not holds_its_slot(name, 0):
+        assert time.monotonic() < deadline, "rank 0 did not create the group"
+        time.sleep(0.01)
+    time.sleep(0.1)  # the lock is the first step of creating it; the rest takes microseconds
+    assert shmrdv.cli.main(["rm", "--group", name]) == 1
+    assert f"its rank 0 is live process {procs.pid(0)}; not removed" in capsys.readouterr().err
+    assert shm_entries(name)
+    t_rm = time.monotonic()
+    status = shmrdv.cli.main(["rm", "--group", "--force", name])
+    out = capsys.readouterr()
+    assert status == 0 and f"group {name}: removed (its join refused first" in out.out, out
+    rep = procs.get(0)
+    assert_raised(rep, "Aborted", "removed by shmrdv rm --force")
+    assert rep["t"] - t_rm < DEADLINE
+    assert shm_entries(name) == []
     procs.join()
 
 
