@@ -432,23 +432,26 @@ def test_rank_closing_while_others_wait(procs):
     procs.join()
 
 
-def test_peer_killed_while_joining(procs):
-    """Ranks 0 and 1 of 3 have joined and wait in Group() for rank 2; rank 1
-    is SIGKILLed: rank 0's Group() raises PeerLost naming it within a second."""
+@pytest.mark.parametrize("victim", [1, 0])
+def test_peer_killed_while_joining(procs, victim):
+    """Ranks 0 and 1 of 3 have joined and wait in Group() (no timeout) for
+    rank 2; one of them is SIGKILLed, rank 0 (the creator) too: the other's
+    Group() raises PeerLost naming it within a second, and removes the
+    segment as it leaves (no_leaks)."""
     W, name = 3, new_name("joinkill")
 
     def rank_main(conn, rank):
         conn.send("joining")
-        conn.send(attempt(shmrdv.Group, name, rank, W, timeout=30))
+        conn.send(attempt(shmrdv.Group, name, rank, W))
 
     procs.start(0, rank_main, 0)
     assert procs.get(0) == "joining"
     procs.start(1, rank_main, 1)
     assert procs.get(1) == "joining"
     time.sleep(0.4)
-    victim = procs.pid(1)
-    t_kill = procs.kill(1)
-    assert_peer_lost(procs.get(0), 1, victim, since=t_kill)
+    pid = procs.pid(victim)
+    t_kill = procs.kill(victim)
+    assert_peer_lost(procs.get(1 - victim), victim, pid, since=t_kill)
     procs.join()
 
 
