@@ -288,6 +288,8 @@ class Group:
         pause = 0.001
         out = ffi.new("rdv_group_t **")
         last = ffi.new("uint32_t *")
+        if self._rank == 0:
+            sweep_stale_groups()  # once: another job may hold our name for long
         while True:
             rc, fd_ino = self._try_open(slot_bytes, out, last)
             if rc == 0:
@@ -343,7 +345,6 @@ class Group:
     def _try_open(self, slot_bytes: int, out: Any, last: Any) -> Tuple[int, int]:
         """One attempt: (0, inode) joined; (-ENOENT, -EAGAIN or -EREMCHG: another job's, 0) to try again."""
         if self._rank == 0:
-            sweep_stale_groups()
             try:
                 shm = self._shm_open(posix_ipc.O_CREX, mode=0o600)
             except posix_ipc.ExistentialError:
