@@ -28,7 +28,10 @@
 #include "rdv_spin.h"
 
 #define RDV_COLL_SLICE_NS 50000000LL /* 50 ms: how soon a death or a signal is seen */
-#define REASON_STRIDE 1088 /* a rank's abort reason: length word + text, 64-aligned */
+/* A rank's abort reason: length word at 0, the ranks a timeout waited for
+ * at 8, text at 64; 64-aligned. Written only by the rank, before the state
+ * CAS that names it. */
+#define REASON_STRIDE 1088
 
 struct rdv_group {
     uint8_t *base;
@@ -44,6 +47,8 @@ struct rdv_group {
     int inert;           /* closed for calls: left, or a forked child's copy (READ_ONCE: threads) */
     int64_t timeout_ns;  /* of each call */
     struct rdv_coll_status st; /* why the last call failed */
+    uint32_t failed_len; /* and, when another rank's call was RDV_COLL_FAILED, why it said */
+    char failed_why[RDV_REASON_MAX];
     int64_t spin_ns;     /* process-local hint */
     int64_t spin_max_ns; /* its bound */
     uint32_t next;       /* the phase our next call starts at */
@@ -86,6 +91,10 @@ static uint32_t *reason_len_of(const rdv_group_t *g, uint32_t r) {
     return (uint32_t *)(g->reasons + (uint64_t)r * REASON_STRIDE);
 }
 
+static uint64_t *missing_of(const rdv_group_t *g, uint32_t r) {
+    return (uint64_t *)(g->reasons + (uint64_t)r * REASON_STRIDE + 8);
+}
+
 static char *reason_of(const rdv_group_t *g, uint32_t r) {
     return (char *)(g->reasons + (uint64_t)r * REASON_STRIDE + 64);
 }
@@ -110,15 +119,18 @@ static void set_broken(rdv_group_t *g, uint32_t state) {
 
 /* The error a broken group's calls return, with what st needs to say why. */
 static int broken_status(rdv_group_t *g, uint32_t state, struct rdv_coll_status *st) {
-    uint32_t rank = state >> 8 & 0xff;
+    uint32_t rank = state >> 8 & 0xff, flags = state >> 16;
     st->rank = rank;
     /* relaxed: the named rank's pid, written before its JOINED; the caller
      * acquired the state word, whose CAS came after */
     st->pid = rank < g->world ? READ_ONCE(g->ranks[rank].pid) : 0;
     if ((state & 0xff) == RDV_COLL_LOST) {
-        st->closed = state >> 16 & 1;
+        st->closed = flags & RDV_COLL_FLAG_CLOSED;
         return -EPIPE;
     }
+    st->timed_out = rank < g->world && (flags & RDV_COLL_FLAG_TIMED_OUT);
+    /* relaxed: written by the aborter before the state CAS the caller acquired */
+    st->missing = st->timed_out ? READ_ONCE(*missing_of(g, rank)) : 0;
     return -ECONNABORTED;
 }
 
@@ -143,6 +155,75 @@ static void declare_lost(rdv_group_t *g, uint32_t r) {
 }
 
 /* ---- joining ---- */
+
+/* Break the state of a group whose join was refused (RDV_COLL_REFUSED is
+ * in joined), unless it is broken already, and wake whoever waits to join:
+ * the refuser's last step, which any member that finds the bit finishes
+ * should the refuser die before it. */
+static void refused_state(struct rdv_coll_hdr *h) {
+    uint32_t running = RDV_COLL_RUNNING;
+    /* release: a reason the refuser published before (outsider_claim) is
+     * readable by whoever acquires the new state (rdv_coll_reason) */
+    rdv_cas(&h->state, &running, RDV_COLL_ABORTED | RDV_COLL_OUTSIDER << 8, __ATOMIC_RELEASE);
+    rdv_futex_wake_all(&h->joined);
+}
+
+/* Refuse the join of the group whose header is h (a writable mapping of
+ * its first page), saying why when nobody has yet: see rdv_coll_refuse. */
+static int refuse(struct rdv_coll_hdr *h, const char *reason, uint32_t reason_len) {
+    uint32_t world = h->world; /* plain: written before the magic the caller acquired */
+    uint32_t unclaimed = RDV_COLL_CLAIM_FREE;
+    /* relaxed: only one process may write the record; what it writes is
+     * published by the release below */
+    if (rdv_cas(&h->outsider_claim, &unclaimed, RDV_COLL_CLAIM_WRITING, __ATOMIC_RELAXED)) {
+        memcpy(h->outsider_reason, reason, reason_len);
+        WRITE_ONCE(h->outsider_len, reason_len); /* relaxed: published by the next store */
+        /* release: the text and length before the claim that says they are
+         * whole; pairs with the acquire in rdv_coll_reason */
+        smp_store_release(&h->outsider_claim, RDV_COLL_CLAIM_PUBLISHED);
+    }
+    /* acquire: pairs with the joiners' seq_cst CAS of joined */
+    uint32_t n = smp_load_acquire(&h->joined);
+    while (!(n & RDV_COLL_REFUSED)) {
+        if (n >= world)
+            return -EALREADY; /* formed: nobody outside it may stop it */
+        /* seq_cst: the bit and the joiners' counts are one word, so either
+         * the last joiner's CAS or ours comes first, never both */
+        if (rdv_cas(&h->joined, &n, n | RDV_COLL_REFUSED, __ATOMIC_SEQ_CST))
+            break;
+    }
+    refused_state(h);
+    return 0;
+}
+
+int rdv_coll_refuse(int fd, const uint8_t *job, const char *reason, uint32_t reason_len) {
+    if (reason_len > RDV_REASON_MAX)
+        return -EINVAL;
+    int64_t size = rdv_file_size(fd);
+    if (size < 0)
+        return (int)size;
+    if ((uint64_t)size < RDV_COLL_PAGE)
+        return -EAGAIN;
+    int err;
+    struct rdv_coll_hdr *h = rdv_map(fd, RDV_COLL_PAGE, 0, &err);
+    if (!h)
+        return err;
+    /* acquire: pairs with the creator's release of magic, after the rest */
+    uint64_t magic = smp_load_acquire(&h->magic);
+    int rc;
+    if (magic == 0)
+        rc = -EAGAIN;
+    else if (magic != RDV_COLL_MAGIC)
+        rc = -EPROTO;
+    else if (h->version != RDV_COLL_VERSION)
+        rc = -EPROTONOSUPPORT;
+    else if (job && memcmp(h->job, job, RDV_COLL_JOB_BYTES) != 0) /* plain: written before the magic */
+        rc = -EREMCHG; /* another job's: what happens to it is none of ours */
+    else
+        rc = refuse(h, reason, reason_len);
+    rdv_unmap(h, RDV_COLL_PAGE);
+    return rc;
+}
 
 static int valid_shape(uint32_t world, uint32_t rank, uint64_t slot) {
     return world >= 1 && world <= RDV_COLL_MAX_RANKS && rank < world && slot >= RDV_COLL_PAGE &&
@@ -196,7 +277,7 @@ int rdv_coll_creator_alive(int fd, int closed_counts, uint32_t *pid) {
 }
 
 /* Map an existing group segment whose header agrees with ours. */
-static int attach_map(int fd, uint32_t world, uint64_t slot, uint8_t **base, uint64_t *len) {
+static int attach_map(int fd, uint32_t world, uint64_t slot, const uint8_t *job, uint8_t **base, uint64_t *len) {
     uint64_t want = segment_bytes(world, slot);
     int64_t size = rdv_file_size(fd);
     if (size < 0)
@@ -217,6 +298,8 @@ static int attach_map(int fd, uint32_t world, uint64_t slot, uint8_t **base, uin
         rc = -EPROTO;
     else if (h->version != RDV_COLL_VERSION)
         rc = -EPROTONOSUPPORT;
+    else if (memcmp(h->job, job, RDV_COLL_JOB_BYTES) != 0)
+        rc = -EREMCHG; /* another job's group: first, as its shape is none of ours */
     else if (h->world != world || h->slot_bytes != slot)
         rc = -EXDEV;
     else if (h->total_bytes != want || (uint64_t)size != want)
@@ -232,7 +315,7 @@ static int attach_map(int fd, uint32_t world, uint64_t slot, uint8_t **base, uin
 }
 
 int rdv_coll_open(int fd, int create, uint32_t world, uint32_t rank, uint64_t slot_bytes,
-                  rdv_group_t **out, uint32_t *last) {
+                  const uint8_t *job, rdv_group_t **out, uint32_t *last) {
     *out = NULL;
     *last = 0;
     if (!valid_shape(world, rank, slot_bytes) || (create && rank != 0))
@@ -262,12 +345,13 @@ int rdv_coll_open(int fd, int create, uint32_t world, uint32_t rank, uint64_t sl
             h->world = world;
             h->slot_bytes = slot_bytes;
             h->total_bytes = len;
+            memcpy(h->job, job, RDV_COLL_JOB_BYTES);
             /* release: the fields above (and the zeroed file) before the magic
              * attachers acquire */
             smp_store_release(&h->magic, RDV_COLL_MAGIC);
         }
     } else {
-        rc = attach_map(fd, world, slot_bytes, &base, &len);
+        rc = attach_map(fd, world, slot_bytes, job, &base, &len);
         if (rc == 0 && rdv_byte_lock(lock_fd, RDV_COLL_LIVE_BYTE(rank)) < 0) {
             /* relaxed: the holder's pid, for the message */
             *last = READ_ONCE(((struct rdv_coll_rank *)(base + RDV_COLL_PAGE))[rank].pid);
@@ -300,14 +384,23 @@ int rdv_coll_open(int fd, int create, uint32_t world, uint32_t rank, uint64_t sl
     me->pid = (uint32_t)rdv_pid();
     /* release: our pid before the state others acquire */
     smp_store_release(&me->state, RDV_COLL_RANK_JOINED);
-    /* seq_cst RMW then the wake: pairs with the sleepers' increment, barrier
-     * and re-read in rdv_coll_wait_joined */
-    uint32_t n = rdv_fetch_add(&g->hdr->joined, 1, __ATOMIC_SEQ_CST) + 1;
-    smp_mb();
-    /* relaxed, after the barrier: pairs with a sleeper's increment + barrier */
-    if (READ_ONCE(g->hdr->join_sleepers))
-        rdv_futex_wake_all(&g->hdr->joined);
-    *last = n == world;
+    /* Count ourselves in, unless the join was refused: then we stay out
+     * (rdv_coll_wait_joined tells the caller why). acquire: pairs with the
+     * other joiners' and a refuser's seq_cst CAS */
+    uint32_t n = smp_load_acquire(&g->hdr->joined);
+    while (!(n & RDV_COLL_REFUSED)) {
+        /* seq_cst RMW then the wake: pairs with the sleepers' increment,
+         * barrier and re-read in rdv_coll_wait_joined; one word with the
+         * refusal bit, so the last join and a refusal cannot both win */
+        if (rdv_cas(&g->hdr->joined, &n, n + 1, __ATOMIC_SEQ_CST)) {
+            smp_mb();
+            /* relaxed, after the barrier: pairs with a sleeper's increment + barrier */
+            if (READ_ONCE(g->hdr->join_sleepers))
+                rdv_futex_wake_all(&g->hdr->joined);
+            *last = n + 1 == world;
+            break;
+        }
+    }
     *out = g;
     return 0;
 }
@@ -330,8 +423,13 @@ int rdv_coll_wait_joined(rdv_group_t *g, int64_t timeout_ns) {
         int rc = check_state(g, st);
         if (rc < 0)
             return rc;
-        /* acquire: pairs with the joiners' seq_cst increment, after their slot */
+        /* acquire: pairs with the joiners' seq_cst CAS, after their slot,
+         * and with a refuser's */
         uint32_t seen = smp_load_acquire(&g->hdr->joined);
+        if (seen & RDV_COLL_REFUSED) {
+            refused_state(g->hdr); /* done already, unless the refuser died first */
+            return check_state(g, st);
+        }
         if (seen >= g->world)
             return 0;
         for (uint32_t r = 0; r < g->world; r++)
@@ -339,7 +437,7 @@ int rdv_coll_wait_joined(rdv_group_t *g, int64_t timeout_ns) {
              * Joined re-read after: a group that completed meanwhile is whole
              * (a rank that closed since is found by the next call). */
             if (READ_ONCE(g->ranks[r].state) != RDV_COLL_RANK_FREE && lost(g, r) &&
-                smp_load_acquire(&g->hdr->joined) < g->world) {
+                (smp_load_acquire(&g->hdr->joined) & ~RDV_COLL_REFUSED) < g->world) {
                 declare_lost(g, r);
                 return check_state(g, st);
             }
@@ -377,7 +475,7 @@ static uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 static int plan(rdv_group_t *g) {
     const struct rdv_coll_call *c = &g->c;
     uint32_t W = g->world;
-    if (c->kind < RDV_COLL_BARRIER || c->kind > RDV_COLL_SCATTER_META)
+    if (c->kind < RDV_COLL_BARRIER || c->kind > RDV_COLL_FAILED)
         return -EINVAL;
     if (rooted(c->kind) && c->root >= W)
         return -EINVAL;
@@ -403,6 +501,11 @@ static int plan(rdv_group_t *g) {
     uint64_t n = c->nbytes;
     switch (c->kind) {
     case RDV_COLL_BARRIER:
+        g->nphases = 1;
+        break;
+    case RDV_COLL_FAILED: /* why, in one buffer */
+        if (n > RDV_REASON_MAX || (n && !c->src))
+            return -EINVAL;
         g->nphases = 1;
         break;
     case RDV_COLL_ALLREDUCE:
@@ -509,6 +612,9 @@ static void produce(rdv_group_t *g, uint32_t P, uint32_t i) {
         for (uint32_t j = 0; j < W; j++)
             if (j != me)
                 memcpy(mine + j * g->region, src + j * N + at, len);
+        break;
+    case RDV_COLL_FAILED: /* read by the others when they find our descriptor (note_failed) */
+        memcpy(mine, src, N);
         break;
     }
 }
@@ -722,16 +828,40 @@ static int differs(rdv_group_t *g, uint32_t P, struct rdv_coll_status *st) {
     return -1;
 }
 
+/* After a mismatch at phase P: if a rank other than us made a call it
+ * could not (RDV_COLL_FAILED), name it in st rather than the first rank
+ * that differs, and keep why it failed. Its parity-P buffer is rewritten
+ * only in phase P + 2, after we have arrived at P + 1: read it now. */
+static void note_failed(rdv_group_t *g, uint32_t P, struct rdv_coll_status *st) {
+    g->failed_len = 0;
+    for (uint32_t r = 0; r < g->world; r++) {
+        /* plain reads: published by the release of arrive that behind() acquired */
+        const struct rdv_coll_desc *d = &g->ranks[r].desc[P & 1];
+        if (r == g->rank || (d->what & 0xff) != RDV_COLL_FAILED)
+            continue;
+        st->rank = r;
+        st->kind = RDV_COLL_FAILED;
+        st->op = d->what >> 8 & 0xff;
+        st->dtype = st->root = 0;
+        st->nbytes = d->nbytes;
+        st->shape_hash = d->shape_hash;
+        g->failed_len = (uint32_t)(d->nbytes < RDV_REASON_MAX ? d->nbytes : RDV_REASON_MAX);
+        memcpy(g->failed_why, buf(g, r, P), g->failed_len);
+        return;
+    }
+}
+
 /* A rank that gives up mid-call has published some of the call's phases
  * and not the rest: the others would wait for it, or read buffers it goes
  * on to rewrite. So a timeout aborts the group, saying who was missing. */
 static void abort_timed_out(rdv_group_t *g, uint64_t missing) {
     static const char *const kinds[] = {"", "barrier", "allreduce", "broadcast", "allgather", "reduce_scatter",
                                         "reduce", "gather", "scatter", "alltoall", "scatter"};
+    uint32_t kind = g->c.kind == RDV_COLL_FAILED ? g->c.op : g->c.kind; /* the call it stood for */
     char reason[RDV_REASON_MAX];
     size_t cap = sizeof reason - 48, n = 0; /* room for the tail */
-    n += (size_t)snprintf(reason, cap, "rank %u gave up on a %s after %.3g s: ranks [", g->rank,
-                          g->c.kind < sizeof kinds / sizeof *kinds ? kinds[g->c.kind] : "collective",
+    n += (size_t)snprintf(reason, cap, "rank %u gave up waiting in %s after %.3g s: ranks [", g->rank,
+                          kind < sizeof kinds / sizeof *kinds ? kinds[kind] : "collective",
                           (double)g->timeout_ns / 1e9);
     const char *sep = "";
     for (uint32_t r = 0; r < g->world && n < cap; r++)
@@ -741,7 +871,7 @@ static void abort_timed_out(rdv_group_t *g, uint64_t missing) {
         }
     n = n < cap ? n : cap;
     n += (size_t)snprintf(reason + n, sizeof reason - n, "] had not arrived");
-    rdv_coll_abort(g, reason, (uint32_t)(n < sizeof reason ? n : sizeof reason - 1));
+    rdv_coll_abort_timed_out(g, reason, (uint32_t)(n < sizeof reason ? n : sizeof reason - 1), missing);
 }
 
 static void end_call(rdv_group_t *g) {
@@ -770,6 +900,7 @@ static int advance(rdv_group_t *g, struct rdv_coll_status *st) {
         }
         if (g->phase == 0 && differs(g, P, st) >= 0) {
             /* every rank sees the same descriptors, so every rank stops here */
+            note_failed(g, P, st);
             g->next = P + 1;
             end_call(g);
             return -EBADE;
@@ -836,7 +967,9 @@ int rdv_coll_mine(rdv_group_t *g) {
 
 void rdv_coll_set_timeout(rdv_group_t *g, int64_t timeout_ns) { g->timeout_ns = timeout_ns; }
 
-int rdv_coll_abort(rdv_group_t *g, const char *reason, uint32_t reason_len) {
+/* Abort as this rank, with reason; flags RDV_COLL_FLAG_TIMED_OUT and the
+ * ranks it waited for when it gave up at its timeout. */
+static int abort_as(rdv_group_t *g, const char *reason, uint32_t reason_len, uint32_t flags, uint64_t missing) {
     if (g->lock_fd < 0)
         return -EBADF; /* a forked child's copy */
     if (reason_len > RDV_REASON_MAX)
@@ -847,19 +980,49 @@ int rdv_coll_abort(rdv_group_t *g, const char *reason, uint32_t reason_len) {
         memcpy(reason_of(g, g->rank), reason, reason_len);
         /* relaxed: published with the text by set_broken's release CAS */
         WRITE_ONCE(*reason_len_of(g, g->rank), reason_len);
-        set_broken(g, RDV_COLL_ABORTED | g->rank << 8);
+        WRITE_ONCE(*missing_of(g, g->rank), missing); /* relaxed: likewise */
+        set_broken(g, RDV_COLL_ABORTED | g->rank << 8 | flags << 16);
     }
     pthread_mutex_unlock(&g->abort_lock);
     return 0;
 }
 
+int rdv_coll_abort(rdv_group_t *g, const char *reason, uint32_t reason_len) {
+    return abort_as(g, reason, reason_len, 0, 0);
+}
+
+int rdv_coll_abort_timed_out(rdv_group_t *g, const char *reason, uint32_t reason_len, uint64_t missing) {
+    return abort_as(g, reason, reason_len, RDV_COLL_FLAG_TIMED_OUT, missing);
+}
+
+int rdv_coll_failed_why(rdv_group_t *g, char *out, uint32_t cap, uint32_t *len) {
+    *len = 0;
+    if (g->st.kind != RDV_COLL_FAILED)
+        return -EINVAL;
+    *len = g->failed_len < cap ? g->failed_len : cap;
+    memcpy(out, g->failed_why, *len);
+    return 0;
+}
+
 int rdv_coll_reason(rdv_group_t *g, char *out, uint32_t cap, uint32_t *len) {
-    /* acquire: pairs with the release CAS in set_broken */
+    /* acquire: pairs with the release CAS in set_broken and refused_state */
     uint32_t state = smp_load_acquire(&g->hdr->state);
     *len = 0;
     if ((state & 0xff) != RDV_COLL_ABORTED)
         return -EINVAL;
     uint32_t r = state >> 8 & 0xff;
+    if (r == RDV_COLL_OUTSIDER) {
+        /* acquire: pairs with the refuser's release of PUBLISHED, after its text */
+        if (smp_load_acquire(&g->hdr->outsider_claim) != RDV_COLL_CLAIM_PUBLISHED)
+            return -ENODATA; /* refused by one that could not say why */
+        uint32_t n = READ_ONCE(g->hdr->outsider_len); /* relaxed: published by the claim */
+        if (n > RDV_REASON_MAX)
+            return -EBADMSG; /* a length read from shared memory, checked */
+        n = n < cap ? n : cap;
+        memcpy(out, g->hdr->outsider_reason, n);
+        *len = n;
+        return 0;
+    }
     if (r >= g->world)
         return -EBADMSG;
     /* relaxed: written before the state CAS this function acquired */

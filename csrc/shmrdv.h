@@ -310,6 +310,9 @@ int rdv_gc(rdv_t *h, uint32_t *reclaimed);
 typedef struct rdv_group rdv_group_t;
 
 #define RDV_COLL_MAX_RANKS 64
+/* Bytes of a group's job token: what proves that a process joining a
+ * group's segment is of the job that created it (all zero: no token). */
+#define RDV_COLL_JOB_BYTES 16
 /* Bytes of a rank's data buffer, by default: a collective moves data in
  * chunks of about this much per phase (each rank has two). */
 #define RDV_COLL_SLOT_BYTES 1048576
@@ -328,6 +331,12 @@ typedef struct rdv_group rdv_group_t;
 #define RDV_COLL_SCATTER 8
 #define RDV_COLL_ALLTOALL 9
 #define RDV_COLL_SCATTER_META 10 /* a broadcast of what scatter's root sends */
+/* A call this rank could not make (its arguments were refused before it
+ * began), made in its place so that the others do not pair their call with
+ * this rank's next one: op holds the kind it was to be, src/nbytes the text
+ * of why (at most RDV_REASON_MAX bytes). One phase; every other rank's call
+ * stops there with -EBADE, naming it. */
+#define RDV_COLL_FAILED 11
 
 /* Reduction ops */
 #define RDV_OP_SUM 1
@@ -357,8 +366,12 @@ typedef struct rdv_group rdv_group_t;
 #define RDV_DT_C128 15
 
 /* Why a call failed: the rank whose call differs (-EBADE, with its call's
- * fields) or that is gone (-EPIPE, with pid and closed 1 if it closed the
- * group rather than died); the ranks that had not arrived (-ETIMEDOUT). */
+ * fields; kind RDV_COLL_FAILED: a call it could not make, see
+ * rdv_coll_failed_why) or that is gone (-EPIPE, with pid and closed 1 if
+ * it closed the group rather than died); the ranks that had not arrived
+ * (-ETIMEDOUT); the rank that aborted (-ECONNABORTED; RDV_COLL_OUTSIDER
+ * for a process that is no member and refused the join), with timed_out 1
+ * and missing when it gave up at its timeout. */
 struct rdv_coll_status {
     uint32_t rank;
     uint32_t pid;
@@ -367,20 +380,38 @@ struct rdv_coll_status {
     uint32_t op;
     uint32_t dtype;
     uint32_t root;
-    uint32_t pad;
+    uint32_t timed_out;
     uint64_t nbytes;
     uint64_t shape_hash;
     uint64_t missing; /* bit r: rank r */
 };
 
+/* The rank field of an abort by a process that is no member (status.rank). */
+#define RDV_COLL_OUTSIDER 255
+
 /* Open a group's segment fd (created by rank 0 with create 1: sized and
- * initialised here; attached otherwise) and join it as rank. -EBUSY: rank
- * is taken by a live process; -EXDEV: the segment's world_size or buffer
- * size is not ours; -EAGAIN: not initialised yet (try again); -EOWNERDEAD:
- * not initialised and its creator is gone. *last is 1 for the rank whose
- * join completed the group (it removes the name). */
+ * initialised here; attached otherwise) and join it as rank, of the job
+ * whose token is job (RDV_COLL_JOB_BYTES). -EBUSY: rank is taken (by a live
+ * process, or it joined once); -EXDEV: the segment's world_size or buffer
+ * size is not ours; -EREMCHG: the segment is another job's (its token is
+ * not ours); -EAGAIN: not initialised yet (try again); -EOWNERDEAD: not
+ * initialised and its creator is gone. *last is 1 for the rank whose join
+ * completed the group (it removes the name). A join that was refused
+ * (rdv_coll_refuse) opens all the same: rdv_coll_wait_joined says so. */
 int rdv_coll_open(int fd, int create, uint32_t world, uint32_t rank, uint64_t slot_bytes,
-                  rdv_group_t **out, uint32_t *last);
+                  const uint8_t *job, rdv_group_t **out, uint32_t *last);
+/* Refuse the join of the group in fd, as a process that conflicts with it
+ * but is no member (it came with another world_size, as a rank already
+ * taken, or as a second rank 0): every member's wait for the others ends
+ * with -ECONNABORTED, rdv_coll_reason giving reason (at most
+ * RDV_REASON_MAX bytes), and no later join completes it. Only a process of
+ * the same job may (job, RDV_COLL_JOB_BYTES, as the creator's; NULL: any,
+ * for an administrator removing it); and only while the group has not
+ * formed: once every rank has joined, nobody outside it can stop it.
+ * 0 refused (or already broken); -EALREADY it has formed; -EREMCHG another
+ * job's; -EAGAIN not initialised yet; -EPROTO, -EPROTONOSUPPORT not a
+ * group of this layout. */
+int rdv_coll_refuse(int fd, const uint8_t *job, const char *reason, uint32_t reason_len);
 /* Whether the group in fd was created by a job still running: a live
  * process holds rank 0, or, with closed_counts, rank 0 left it normally
  * (for a rank that has just joined: a fast rank 0 may finish its calls and
@@ -419,7 +450,16 @@ int rdv_coll_mine(rdv_group_t *g);
 /* Abort the group: every member's pending and later calls fail with
  * -ECONNABORTED. The first reason wins. */
 int rdv_coll_abort(rdv_group_t *g, const char *reason, uint32_t reason_len);
+/* Abort the group as a rank that gave up at its timeout, waiting for the
+ * ranks in missing (bit r: rank r): the others' status says timed_out and
+ * missing. A call that times out does this itself; joining calls it. */
+int rdv_coll_abort_timed_out(rdv_group_t *g, const char *reason, uint32_t reason_len, uint64_t missing);
+/* Why the group was aborted: -EINVAL when it was not; -ENODATA when a
+ * process that is no member refused the join without saying why. */
 int rdv_coll_reason(rdv_group_t *g, char *buf, uint32_t cap, uint32_t *len);
+/* After -EBADE naming a rank whose call was RDV_COLL_FAILED: the text it
+ * gave for why (copied during the call); -EINVAL otherwise. */
+int rdv_coll_failed_why(rdv_group_t *g, char *buf, uint32_t cap, uint32_t *len);
 /* The pid that joined as rank (0 if none). */
 uint32_t rdv_coll_pid(rdv_group_t *g, uint32_t rank);
 /* Leave the group: a rank waiting for us finds us gone (closed). The

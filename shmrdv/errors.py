@@ -83,6 +83,21 @@ class CollectiveMismatch(RendezvousError, ValueError):
     result computed."""
 
 
+class GroupTimeout(Aborted, RendezvousTimeout):
+    """A rank of a group gave up waiting at its ``timeout`` (in a call, or
+    joining) and aborted the group, as a rank that gives up mid-call must:
+    raised by that rank and by every other rank waiting or calling later,
+    naming the ranks it had waited for (``missing``). Both an ``Aborted`` and
+    a ``RendezvousTimeout`` (so a ``TimeoutError``)."""
+
+    def __init__(self, reason: str, missing: Tuple[int, ...] = ()) -> None:
+        super().__init__(reason)
+        self.missing = tuple(missing)
+
+    def __reduce__(self) -> Tuple[Any, Tuple[str, Tuple[int, ...]]]:  # type: ignore[override]
+        return (type(self), (self.reason, self.missing))
+
+
 class PeerLost(RendezvousError):
     """A rank of the group died (or closed the group) while others still
     needed it: ``rank`` and ``pid`` say which. The group cannot go on."""

@@ -4,12 +4,50 @@ on one host, through a shared-memory segment of the group's own.
 
 Every member calls ``Group(name, rank, world_size)``; rank 0 creates the
 segment (``/dev/shm/shmrdv.group-NAME``, mode 0600), the others attach to
-it, and once all have joined the last one removes the name: nothing stays
-in ``/dev/shm`` however the members end, and a later job may reuse the name
-at once. The data path is one call into the C core per collective
-(``csrc/rdv_coll.c``, which explains the phases and the waiting).
+it, and once all have joined the last one removes the name: a later job may
+reuse the name at once, and a group that has formed leaves nothing in
+``/dev/shm`` however its members end. A join that does not complete is
+removed by its members as they end (an error, a timeout, ``close``, a
+member found dead); what members all killed at once leave, the next rank 0
+of any group, or ``shmrdv gc``, removes. The data path is one call into
+the C core per collective (``csrc/rdv_coll.c``, which explains the phases
+and the waiting).
+
+Who belongs to a group: the processes that pass its name and ``job``
+token. Joining, as a table (``joined`` and ``state`` are words of the
+segment's header, ``csrc/rdv_coll.h``):
+
+============================  ===========================================
+a process finds               it
+============================  ===========================================
+no segment                    rank 0 creates it; the others wait for it
+another ``job``'s segment     waits until the name is free (two correct
+                              groups, one after the other); never joins
+                              it, never disturbs it
+this job's, creator gone      removes it (a killed job's) and goes on
+this job's, forming, and it   joins: takes its rank's lock and slot, counts
+fits                          itself in ``joined``; the one that makes it
+                              ``world_size`` removes the name
+this job's, forming, and it   refuses the join (``rdv_coll_refuse``: a bit
+conflicts: another            in ``joined`` while it is short of
+world_size, its rank taken,   ``world_size``, then ``state`` aborted with
+or a second rank 0            why) and raises; every member's ``Group()``
+                              raises within a wait slice (50 ms), with
+                              ``timeout=None`` too
+this job's, formed (the       cannot stop it (the bit is refused once the
+moment before its name goes)  count is full): removes the name and raises
+                              (came late) or, as rank 0, creates anew
+============================  ===========================================
+
+So a conflict among processes that claim one job ends that join on every
+rank, never in a mixed group; a process of another job can neither join
+nor stop it. Without ``job=``, the name alone says which job a process is
+of: two jobs that meet while joining fail alike, but a rank of one can
+also complete the other's group before they meet (both then compute on a
+mix); jobs that may share a name at once must pass distinct ``job=``.
 """
 import errno
+import hashlib
 import os
 import threading
 import time
@@ -26,6 +64,7 @@ from .codec import timeout_ns as _timeout_ns
 from .errors import (
     Aborted,
     CollectiveMismatch,
+    GroupTimeout,
     InvalidArgument,
     InvalidType,
     PeerLost,
@@ -50,7 +89,8 @@ OPS = {"sum": lib.RDV_OP_SUM, "prod": lib.RDV_OP_PROD, "min": lib.RDV_OP_MIN, "m
 _KINDS = {lib.RDV_COLL_BARRIER: "barrier", lib.RDV_COLL_ALLREDUCE: "allreduce", lib.RDV_COLL_BROADCAST: "broadcast",
           lib.RDV_COLL_ALLGATHER: "allgather", lib.RDV_COLL_REDUCE_SCATTER: "reduce_scatter",
           lib.RDV_COLL_REDUCE: "reduce", lib.RDV_COLL_GATHER: "gather", lib.RDV_COLL_SCATTER: "scatter",
-          lib.RDV_COLL_ALLTOALL: "alltoall", lib.RDV_COLL_SCATTER_META: "scatter"}
+          lib.RDV_COLL_ALLTOALL: "alltoall", lib.RDV_COLL_SCATTER_META: "scatter",
+          lib.RDV_COLL_FAILED: "call that failed"}
 _OP_NAMES = {v: k for k, v in OPS.items()}
 _DTYPES: Dict[np.dtype, int] = {
     np.dtype(np.bool_): lib.RDV_DT_BOOL, np.dtype(np.int8): lib.RDV_DT_I8, np.dtype(np.uint8): lib.RDV_DT_U8,
@@ -115,6 +155,56 @@ def sweep_stale_groups() -> List[str]:
     return sweep(GROUP_PREFIX.lstrip("/"), stale)
 
 
+def remove_group(name: str, force: bool = False) -> List[int]:
+    """Remove group ``name``'s segment (``/dev/shm/shmrdv.group-NAME``: there
+    while a group joins, or left by a job killed while joining; or put there
+    by someone else: another user's file, a symbolic link). A join under way
+    (its rank 0 alive) is left alone: returns ``[pid of rank 0]`` and removes
+    nothing, unless ``force``: its join is then refused first (every member's
+    ``Group()`` raises ``Aborted``, "removed by shmrdv rm --force") and the
+    segment removed. Returns ``[]`` when nobody was joining it;
+    FileNotFoundError when there is none, OSError when it cannot be removed."""
+    name = checked_name(name, "group name", limits.NAME_MAX - 40)
+    path = GROUP_PREFIX + name
+    file = "/dev/shm" + path
+    if not os.path.lexists(file):
+        raise FileNotFoundError(errno.ENOENT, "no such group", name)
+    live: List[int] = []
+    try:
+        shm = posix_ipc.SharedMemory(path)
+    except (posix_ipc.Error, OSError, ValueError):
+        shm = None  # a symbolic link, another user's file, a directory: nothing to ask; unlinking decides
+    if shm is not None:
+        try:
+            pid = ffi.new("uint32_t *")
+            if lib.rdv_coll_creator_alive(shm.fd, 0, pid):
+                live.append(int(pid[0]))
+                if force:
+                    why = b"removed by shmrdv rm --force"
+                    lib.rdv_coll_refuse(shm.fd, ffi.NULL, why, len(why))
+        finally:
+            shm.close_fd()
+    if not live or force:
+        try:
+            os.unlink(file)
+        except FileNotFoundError:
+            if not live:
+                raise
+            # its members, refused, removed it first
+    return live
+
+
+def _job_token(job: Optional[str]) -> bytes:
+    """The RDV_COLL_JOB_BYTES a segment's header holds for job: a digest,
+    all zero for none."""
+    if job is None:
+        return bytes(lib.RDV_COLL_JOB_BYTES)
+    if not isinstance(job, str):
+        raise InvalidType(f"job must be a str or None, not {type(job).__name__}")
+    return hashlib.blake2b(job.encode("utf-8", "surrogatepass"), digest_size=lib.RDV_COLL_JOB_BYTES,
+                           person=b"shmrdv.group.job").digest()
+
+
 def _shape_hash(shape: Tuple[int, ...], dtype: np.dtype) -> int:
     """What every rank's call must agree on besides kind, op, dtype code,
     root and bytes: the shape (a tuple of ints hashes alike in every
@@ -141,10 +231,27 @@ class Group:
 
     Every rank makes the same calls in the same order; a call returns once
     the ranks it needs have made theirs. ``timeout`` (seconds, None: no
-    limit) bounds joining and every call."""
+    limit) bounds joining and every call: a rank that gives up aborts the
+    group, and it and every other rank raise ``GroupTimeout`` (a
+    ``RendezvousTimeout``) naming the ranks it waited for.
+
+    ``job``: a token the ranks of one job share and no other job uses (a
+    launcher's run id, or any string handed to every rank): processes with
+    another token never join this group nor disturb its join, they wait for
+    the name to be free. Without it the name alone says which processes
+    belong together (see the module's table). ``Group()`` blocks until all
+    ``world_size`` ranks have joined; a process of this job that conflicts
+    with the join (another ``world_size``, a rank already taken, a second
+    rank 0) makes every member's ``Group()`` raise within a tenth of a
+    second, and raises itself.
+
+    A call whose arguments this rank gets wrong raises here, and is made
+    all the same, as a call that failed: the others' call raises
+    ``CollectiveMismatch`` naming the error (rather than pairing with this
+    rank's next call), and the group goes on."""
 
     def __init__(self, name: str, rank: int, world_size: int, *, timeout: Optional[float] = None,
-                 _slot_bytes: int = SLOT_BYTES) -> None:
+                 job: Optional[str] = None, _slot_bytes: int = SLOT_BYTES) -> None:
         self._g: Any = None
         self._name = checked_name(name, "group name", limits.NAME_MAX - 40)
         world_size = _int(world_size, "world_size")
@@ -155,6 +262,9 @@ class Group:
             raise InvalidArgument(f"rank must be in [0, world_size) = [0, {world_size}), got {rank}")
         self._rank = rank
         self._world = world_size
+        self._job = job
+        self._job_token = _job_token(job)
+        self._holder = 0  # the pid the last attempt to join found holding what it needed, for messages
         self._timeout = timeout
         self._timeout_ns = _timeout_ns(timeout)
         self._lock = threading.Lock()
@@ -178,14 +288,14 @@ class Group:
         pause = 0.001
         out = ffi.new("rdv_group_t **")
         last = ffi.new("uint32_t *")
+        if self._rank == 0:
+            sweep_stale_groups()  # once: another job may hold our name for long
         while True:
             rc, fd_ino = self._try_open(slot_bytes, out, last)
             if rc == 0:
                 break
             if deadline is not None and time.monotonic() >= deadline:
-                who = "rank 0 has not created it" if rc == -errno.ENOENT else "rank 0 is still creating it"
-                raise RendezvousTimeout(f"joining group {self._name!r} as rank {self._rank}: {who} after "
-                                        f"{self._timeout} s; start every rank, or pass a longer timeout=")
+                raise RendezvousTimeout(self._not_joined(rc))
             time.sleep(pause)
             pause = min(2 * pause, 0.05)
         self._ino = fd_ino
@@ -200,18 +310,48 @@ class Group:
             self._close_handle()
             raise
 
+    def _not_joined(self, rc: int) -> str:
+        """Why a join that timed out before it found a segment to join did not."""
+        if rc == -errno.EREMCHG:
+            who = (f"another job's group holds the name (its rank 0 is pid {self._holder}; its job= token is not "
+                   f"ours), and still did")
+            hint = "give each job its own group name, or pass a longer timeout= (it waits for the name)"
+        else:
+            who = "rank 0 has not created it" if rc == -errno.ENOENT else "rank 0 is still creating it"
+            hint = "start every rank, or pass a longer timeout="
+        return f"joining group {self._name!r} as rank {self._rank}: {who} after {self._timeout} s; {hint}"
+
+    def _shm_open(self, *args: Any, **kwargs: Any) -> "posix_ipc.SharedMemory":
+        """The group's segment (shm_open: O_NOFOLLOW); a symbolic link at its name is refused, saying so."""
+        try:
+            return shm_open(self._path, f"group {self._name!r}", *args, **kwargs)
+        except OSError as exc:  # posix_ipc's own errors are no OSError
+            if exc.errno == errno.ELOOP:
+                raise PermissionError(errno.EACCES, f"refusing to join group {self._name!r}: its segment's name is "
+                                      f"a symbolic link (shmrdv never makes one; it could lead a member's writes "
+                                      f"anywhere); remove it (shmrdv rm --group {self._name})",
+                                      "/dev/shm" + self._path) from None
+            raise
+
+    def _check_owner(self, fd: int) -> None:
+        check_owner(fd, self._name, self._path, what="group", remove=f"shmrdv rm --group {self._name}")
+
+    def _refuse(self, fd: int, why: str) -> int:
+        """Refuse the join of the group in fd, as a process of our job that
+        conflicts with it (rdv_coll_refuse: 0 refused, -EALREADY formed, ...)."""
+        hint = "give each job its own group name, or pass each its own job="
+        return int(lib.rdv_coll_refuse(fd, self._job_token, *self._reason(f"{why}; {hint}")))
+
     def _try_open(self, slot_bytes: int, out: Any, last: Any) -> Tuple[int, int]:
-        """One attempt: (0, inode) joined; (-ENOENT or -EAGAIN, 0) to try again."""
+        """One attempt: (0, inode) joined; (-ENOENT, -EAGAIN or -EREMCHG: another job's, 0) to try again."""
         if self._rank == 0:
-            sweep_stale_groups()
             try:
-                shm = shm_open(self._path, f"group {self._name!r}", posix_ipc.O_CREX, mode=0o600)
+                shm = self._shm_open(posix_ipc.O_CREX, mode=0o600)
             except posix_ipc.ExistentialError:
-                self._clear_stale()
-                return -errno.EAGAIN, 0
+                return self._name_taken(), 0
             try:
                 ino = os.fstat(shm.fd).st_ino
-                rc = lib.rdv_coll_open(shm.fd, 1, self._world, 0, slot_bytes, out, last)
+                rc = lib.rdv_coll_open(shm.fd, 1, self._world, 0, slot_bytes, self._job_token, out, last)
                 if rc == 0:  # owned at once: an exception from here on frees it (lock, mapping)
                     self._opened = ffi.gc(out[0], lib.rdv_coll_free)
             finally:
@@ -222,14 +362,15 @@ class Group:
                                       f"({os.strerror(-rc)}); is /dev/shm full?")
             return 0, ino
         try:
-            shm = shm_open(self._path, f"group {self._name!r}")
+            shm = self._shm_open()
         except posix_ipc.ExistentialError:
             return -errno.ENOENT, 0
+        pid = ffi.new("uint32_t *")
+        refused = 0
         try:
-            check_owner(shm.fd, self._name, self._path)
+            self._check_owner(shm.fd)
             st = os.fstat(shm.fd)
-            rc = lib.rdv_coll_open(shm.fd, 0, self._world, self._rank, slot_bytes, out, last)
-            pid = ffi.new("uint32_t *")
+            rc = lib.rdv_coll_open(shm.fd, 0, self._world, self._rank, slot_bytes, self._job_token, out, last)
             if rc == 0:
                 self._opened = ffi.gc(out[0], lib.rdv_coll_free)  # an exception from here on frees it
                 if lib.rdv_coll_creator_alive(shm.fd, 1, pid):
@@ -241,43 +382,81 @@ class Group:
             if rc == -errno.EAGAIN:
                 return rc, 0
             creator = lib.rdv_coll_creator_alive(shm.fd, 0, pid)
+            stale = not creator and (rc != -errno.EOWNERDEAD or time.time() - st.st_ctime >= CREATOR_GRACE_S)
+            if not stale and rc == -errno.EBUSY:
+                refused = self._refuse(shm.fd, f"pid {os.getpid()} came as rank {self._rank}, which pid {last[0]} "
+                                               f"holds: a rank was started twice, or another job uses this name")
+            elif not stale and rc == -errno.EXDEV:
+                refused = self._refuse(shm.fd, f"pid {os.getpid()} came as rank {self._rank} with world_size="
+                                               f"{self._world} (or another buffer size), not the group's: the ranks "
+                                               f"disagree, or another job uses this name")
         finally:
             shm.close_fd()
-        stale = not creator and (rc != -errno.EOWNERDEAD or time.time() - st.st_ctime >= CREATOR_GRACE_S)
+        self._holder = pid[0]
         if stale:  # left by a job whose rank 0 is gone: not ours to join
             self._unlink_if(st.st_ino)
             return -errno.EAGAIN, 0
         if rc == -errno.EOWNERDEAD:
             return -errno.EAGAIN, 0
+        if rc == -errno.EREMCHG:  # another job's: wait until its name goes
+            return rc, 0
+        formed = refused == -errno.EALREADY
+        if formed:  # every rank has joined it: its name is of no more use
+            self._unlink_if(st.st_ino)
         if rc == -errno.EBUSY:
-            raise RendezvousError(f"joining group {self._name!r}: rank {self._rank} is taken by pid {last[0]} "
-                                  f"(another job with this group name, started by pid {pid[0]}?); give each job "
-                                  f"its own name")
+            then = (f"and that group has formed (all {self._world} ranks joined): this process came late, or"
+                    if formed else "so the group's join is refused (its members raise too): a rank was started "
+                    "twice, or")
+            raise RendezvousError(f"joining group {self._name!r}: rank {self._rank} is taken by pid {last[0]}, "
+                                  f"{then} another job uses this group name (started by pid {pid[0]}); give each "
+                                  f"job its own name, or pass each its own job=")
         if rc == -errno.EXDEV:
+            then = "that group has formed already" if formed else "its join is refused (its members raise too)"
             raise CollectiveMismatch(f"joining group {self._name!r} with world_size={self._world}: rank 0 "
-                                     f"(pid {pid[0]}) created it with another world_size (or buffer size); every "
-                                     f"rank must pass the same (or another job uses this name)")
+                                     f"(pid {pid[0]}) created it with another world_size (or buffer size), and "
+                                     f"{then}; every rank must pass the same (or another job uses this name: give "
+                                     f"each job its own, or pass each its own job=)")
         raise SegmentMismatch(f"joining group {self._name!r}: its segment is not a group of this shmrdv "
-                              f"({errno.errorcode.get(-rc, rc)}); remove /dev/shm{self._path} if no job uses it")
+                              f"({errno.errorcode.get(-rc, rc)}); remove it (shmrdv rm --group {self._name}) if no "
+                              f"job uses it")
 
-    def _clear_stale(self) -> None:
-        """Rank 0 found the name taken: by a live job (an error), or left by a dead one (removed)."""
+    def _name_taken(self) -> int:
+        """Rank 0 found the name taken: left by a dead job (removed), a group
+        that has formed (its name of no more use: removed), one being created
+        or another job's (wait): -EAGAIN or -EREMCHG to try again; or a join
+        of this job's under way: a second rank 0, which refuses that join
+        (its members raise) and raises."""
         try:
-            shm = shm_open(self._path, f"group {self._name!r}")
+            shm = self._shm_open()
         except posix_ipc.ExistentialError:
-            return
+            return -errno.EAGAIN
+        pid = ffi.new("uint32_t *")
+        rc = 0
         try:
-            check_owner(shm.fd, self._name, self._path)
+            self._check_owner(shm.fd)
             st = os.fstat(shm.fd)
-            pid = ffi.new("uint32_t *")
             creator = lib.rdv_coll_creator_alive(shm.fd, 0, pid)
+            if creator:
+                rc = self._refuse(shm.fd, f"pid {os.getpid()} came as rank 0 too: a rank was started twice, or "
+                                          f"another job uses this name")
         finally:
             shm.close_fd()
-        if creator:
-            raise RendezvousError(f"creating group {self._name!r}: a job is using this name (its rank 0 is pid "
-                                  f"{pid[0]}); give each job its own group name")
-        if time.time() - st.st_ctime >= CREATOR_GRACE_S or st.st_size > 0:
+        self._holder = pid[0]
+        if not creator:  # a killed job's (once its creator had time to lock it)
+            if time.time() - st.st_ctime >= CREATOR_GRACE_S or st.st_size > 0:
+                self._unlink_if(st.st_ino)
+            return -errno.EAGAIN
+        if rc == -errno.EALREADY:
             self._unlink_if(st.st_ino)
+        if rc in (-errno.EALREADY, -errno.EAGAIN, -errno.EREMCHG):
+            return -errno.EREMCHG if rc == -errno.EREMCHG else -errno.EAGAIN
+        if rc == 0:
+            raise RendezvousError(f"creating group {self._name!r}: pid {pid[0]} created it as rank 0 already, and "
+                                  f"its join is under way; this refuses that join (its members raise too), as a "
+                                  f"rank was started twice or another job uses this group name; give each job its "
+                                  f"own name, or pass each its own job=")
+        raise SegmentMismatch(f"creating group {self._name!r}: pid {pid[0]} holds its name, but it is not a group "
+                              f"of this shmrdv ({errno.errorcode.get(-rc, rc)}); use another name")
 
     def _unlink_if(self, ino: int) -> None:
         try:
@@ -303,9 +482,11 @@ class Group:
                 self._raise(self._g, rc, "joining")
             if deadline is not None and time.monotonic() >= deadline:
                 missing = [r for r in range(self._world) if st.missing >> r & 1]
-                raise RendezvousTimeout(f"joining group {self._name!r} as rank {self._rank}: ranks {missing} had "
-                                        f"not joined after {self._timeout} s; start every rank, or pass a longer "
-                                        f"timeout=")
+                reason = f"rank {self._rank} gave up joining after {self._timeout} s: ranks {missing} had not joined"
+                # the others must not wait on: they raise the same
+                lib.rdv_coll_abort_timed_out(self._g, *self._reason(reason), st.missing)
+                raise GroupTimeout(f"joining group {self._name!r} as rank {self._rank}: {reason}; start every "
+                                   f"rank, or pass a longer timeout= (the group is aborted)", tuple(missing))
 
     # ---- properties, lifetime ----
 
@@ -408,6 +589,27 @@ class Group:
             kind = _KINDS.get(what & 0xFF, "collective")
             lib.rdv_coll_abort(g, *self._reason(f"rank {self._rank} was interrupted ({type(exc).__name__}) in {kind}"))
 
+    def _failed_call(self, kind: int, exc: Exception) -> None:
+        """This rank's call of kind failed before it began (exc, raised from
+        its arguments): make it all the same, as a call that says so, so
+        that the others stop at it (CollectiveMismatch naming exc) rather
+        than pair their call with this rank's next one. Errors of that call
+        are the group's, for a later call to raise: the caller raises exc."""
+        g = self._g
+        if g is None or self._forked:
+            return  # no call to make: the next one raises why
+        why = f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")[: limits.REASON_MAX]
+        what = lib.RDV_COLL_FAILED | kind << 8
+        try:
+            rc = lib.rdv_coll_run(g, what, len(why), 0, why, ffi.NULL)
+            if rc:
+                self._finish(g, rc, what, len(why))
+        except RendezvousError:
+            pass
+        except BaseException as interrupt:
+            self._interrupted(g, interrupt, what)
+            raise
+
     @staticmethod
     def _reason(text: str) -> Tuple[bytes, int]:
         data = text.encode()[: limits.REASON_MAX]
@@ -415,6 +617,15 @@ class Group:
 
     def _raise(self, g: Any, rc: int, what: str) -> None:
         st = self._status
+        if rc == -errno.EBADE and st.kind == lib.RDV_COLL_FAILED:
+            buf = ffi.new("char[]", limits.REASON_MAX)
+            n = ffi.new("uint32_t *")
+            lib.rdv_coll_failed_why(g, buf, limits.REASON_MAX, n)
+            why = ffi.unpack(buf, n[0]).decode("utf-8", "replace")
+            raise CollectiveMismatch(
+                f"{what} on group {self._name!r}: rank {st.rank} could not make its {_KINDS.get(st.op, 'call')} "
+                f"({why}); it raised that, and every rank stops at this call. No result was computed; the group "
+                f"can go on")
         if rc == -errno.EBADE:
             mine = self._last
             theirs = (st.kind, st.op, st.dtype, st.root, st.nbytes)
@@ -431,14 +642,22 @@ class Group:
             missing = [r for r in range(self._world) if st.missing >> r & 1]
             message = (f"{what} on group {self._name!r}: rank {self._rank} gave up after {self._timeout} s: ranks "
                        f"{missing} had not arrived")
-            # the others must not wait for us, nor read our half-done call
-            lib.rdv_coll_abort(g, *self._reason(message))
-            raise RendezvousTimeout(message + "; the group is aborted")
+            # the others must not wait for us, nor read our half-done call (the core has done this already)
+            lib.rdv_coll_abort_timed_out(g, *self._reason(message), st.missing)
+            raise GroupTimeout(message + "; the group is aborted", tuple(missing))
         if rc == -errno.ECONNABORTED:
             buf = ffi.new("char[]", limits.REASON_MAX)
             n = ffi.new("uint32_t *")
-            lib.rdv_coll_reason(g, buf, limits.REASON_MAX, n)
+            known = lib.rdv_coll_reason(g, buf, limits.REASON_MAX, n) == 0
             reason = ffi.unpack(buf, n[0]).decode("utf-8", "replace")
+            if st.rank == lib.RDV_COLL_OUTSIDER:
+                if not known:
+                    reason = ("a process of this job conflicted with it (another world_size, a rank already taken, "
+                              "or a second rank 0) and could not say more")
+                raise Aborted(f"group {self._name!r} was aborted: its join was refused: {reason}")
+            if st.timed_out:
+                raise GroupTimeout(f"group {self._name!r} was aborted: {reason}",
+                                   tuple(r for r in range(self._world) if st.missing >> r & 1))
             raise Aborted(f"group {self._name!r} was aborted: {reason}")
         if rc == -errno.EBADF:
             raise RendezvousError(f"group {self._name!r} is closed")
@@ -571,29 +790,37 @@ class Group:
         if out is array and is_tensor(array):
             # a tensor in place (DDP's buckets): its own ndarray, in place,
             # takes the fast path above from the second call on
-            view, _ = as_array(array, "allreduce: out", out=True)
+            try:
+                view, _ = as_array(array, "allreduce: out", out=True)
+            except Exception as exc:
+                self._failed_call(_ALLREDUCE, exc)
+                raise
             self.allreduce(view, op, out=view)
             return array
         return self._allreduce(g, array, op, out)
 
     def _allreduce(self, g: Any, array: Any, op: str, out: Any) -> Any:
         """allreduce, every case."""
-        a, tensor = self._input(array, "allreduce")
-        code, dt = self._reduction(a, op, "allreduce")
-        what = _ALLREDUCE | code << 8 | dt << 16
-        self._last_reduction = (op, a.dtype, what)
-        fill = None
-        if out is None:
-            res, out_obj = np.empty_like(a), None
-        elif out is array and a is array and a.flags.writeable:
-            res, out_obj = a, out
-        else:
-            res, out_obj, fill = self._out(out, a, "allreduce")
-            if res is not a and np.may_share_memory(res, a):
-                if _same_memory(res, a):  # two views of it (a tensor's and ours): in place
-                    res = a
-                else:  # overlapping, not the same: reduce from a copy
-                    a = a.copy()
+        try:
+            a, tensor = self._input(array, "allreduce")
+            code, dt = self._reduction(a, op, "allreduce")
+            what = _ALLREDUCE | code << 8 | dt << 16
+            self._last_reduction = (op, a.dtype, what)
+            fill = None
+            if out is None:
+                res, out_obj = np.empty_like(a), None
+            elif out is array and a is array and a.flags.writeable:
+                res, out_obj = a, out
+            else:
+                res, out_obj, fill = self._out(out, a, "allreduce")
+                if res is not a and np.may_share_memory(res, a):
+                    if _same_memory(res, a):  # two views of it (a tensor's and ours): in place
+                        res = a
+                    else:  # overlapping, not the same: reduce from a copy
+                        a = a.copy()
+        except Exception as exc:
+            self._failed_call(_ALLREDUCE, exc)
+            raise
         src = ffi.from_buffer(a)
         try:
             rc = lib.rdv_coll_run(g, what, a.nbytes, hash(a.shape) & _HASH_MASK, src,
@@ -607,10 +834,14 @@ class Group:
 
     def reduce(self, array: Any, root: int = 0, op: str = "sum") -> Any:
         """The reduction on root; None on the other ranks."""
-        a, tensor = self._input(array, "reduce")
-        code, dt = self._reduction(a, op, "reduce")
-        root = self._root(root, "reduce")
-        res = np.empty_like(a) if self._rank == root else None
+        try:
+            a, tensor = self._input(array, "reduce")
+            code, dt = self._reduction(a, op, "reduce")
+            root = self._root(root, "reduce")
+            res = np.empty_like(a) if self._rank == root else None
+        except Exception as exc:
+            self._failed_call(lib.RDV_COLL_REDUCE, exc)
+            raise
         self._run(lib.RDV_COLL_REDUCE, code, dt, root, a.nbytes, _shape_hash(a.shape, a.dtype), ffi.from_buffer(a),
                   ffi.NULL if res is None else ffi.from_buffer(res, require_writable=True))
         return None if res is None else self._result(res, tensor)
@@ -618,12 +849,16 @@ class Group:
     def reduce_scatter(self, array: Any, op: str = "sum") -> Any:
         """This rank's block of the reduction: rows [rank * n, (rank + 1) * n)
         of it, n = array.shape[0] // world_size."""
-        a, tensor = self._input(array, "reduce_scatter")
-        code, dt = self._reduction(a, op, "reduce_scatter")
-        if a.ndim == 0 or a.shape[0] % self._world:
-            raise InvalidArgument(f"reduce_scatter: array.shape[0] must be a multiple of world_size = "
-                                  f"{self._world}, got shape {a.shape}")
-        res = np.empty((a.shape[0] // self._world,) + a.shape[1:], a.dtype)
+        try:
+            a, tensor = self._input(array, "reduce_scatter")
+            code, dt = self._reduction(a, op, "reduce_scatter")
+            if a.ndim == 0 or a.shape[0] % self._world:
+                raise InvalidArgument(f"reduce_scatter: array.shape[0] must be a multiple of world_size = "
+                                      f"{self._world}, got shape {a.shape}")
+            res = np.empty((a.shape[0] // self._world,) + a.shape[1:], a.dtype)
+        except Exception as exc:
+            self._failed_call(lib.RDV_COLL_REDUCE_SCATTER, exc)
+            raise
         self._run(lib.RDV_COLL_REDUCE_SCATTER, code, dt, 0, a.nbytes, _shape_hash(a.shape, a.dtype),
                   ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
         return self._result(res, tensor)
@@ -632,30 +867,42 @@ class Group:
         """root's array on every rank. Every rank passes an array of the same
         shape and dtype (the others' contents are not read); the root gets
         its own array back (or out, filled with it)."""
-        a, tensor = self._input(array, "broadcast")
-        root = self._root(root, "broadcast")
-        fill = None
-        if self._rank == root and out is None:
-            res, out_obj = a, array if tensor else None
-        else:
-            res, out_obj, fill = self._out(out, a, "broadcast")
+        try:
+            a, tensor = self._input(array, "broadcast")
+            root = self._root(root, "broadcast")
+            fill = None
+            if self._rank == root and out is None:
+                res, out_obj = a, array if tensor else None
+            else:
+                res, out_obj, fill = self._out(out, a, "broadcast")
+        except Exception as exc:
+            self._failed_call(lib.RDV_COLL_BROADCAST, exc)
+            raise
         self._run(lib.RDV_COLL_BROADCAST, 0, _code(a.dtype), root, a.nbytes, _shape_hash(a.shape, a.dtype),
                   ffi.from_buffer(a), ffi.from_buffer(res, require_writable=res is not a))
         return self._result(res, tensor, out_obj, fill)
 
     def allgather(self, array: Any) -> Any:
         """Every rank's array, stacked: shape (world_size, *array.shape), row r from rank r."""
-        a, tensor = self._input(array, "allgather")
-        res = np.empty((self._world,) + a.shape, a.dtype)
+        try:
+            a, tensor = self._input(array, "allgather")
+            res = np.empty((self._world,) + a.shape, a.dtype)
+        except Exception as exc:
+            self._failed_call(lib.RDV_COLL_ALLGATHER, exc)
+            raise
         self._run(lib.RDV_COLL_ALLGATHER, 0, _code(a.dtype), 0, a.nbytes, _shape_hash(a.shape, a.dtype),
                   ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
         return self._result(res, tensor)
 
     def gather(self, array: Any, root: int = 0) -> Any:
         """allgather's result on root; None on the other ranks."""
-        a, tensor = self._input(array, "gather")
-        root = self._root(root, "gather")
-        res = np.empty((self._world,) + a.shape, a.dtype) if self._rank == root else None
+        try:
+            a, tensor = self._input(array, "gather")
+            root = self._root(root, "gather")
+            res = np.empty((self._world,) + a.shape, a.dtype) if self._rank == root else None
+        except Exception as exc:
+            self._failed_call(lib.RDV_COLL_GATHER, exc)
+            raise
         self._run(lib.RDV_COLL_GATHER, 0, _code(a.dtype), root, a.nbytes, _shape_hash(a.shape, a.dtype),
                   ffi.from_buffer(a), ffi.NULL if res is None else ffi.from_buffer(res, require_writable=True))
         return None if res is None else self._result(res, tensor)
@@ -663,22 +910,27 @@ class Group:
     def scatter(self, array: Any = None, root: int = 0) -> Any:
         """Row ``rank`` of root's array (shape (world_size, ...)); the other
         ranks pass None (or anything: it is not read)."""
-        root = self._root(root, "scatter")
         meta = np.zeros(_META_DIMS, np.int64)
         tensor = False
         a: Optional[np.ndarray] = None
-        if self._rank == root:
-            a, tensor = self._input(array, "scatter")
-            self._rows(a, "scatter")
-            if a.ndim - 1 > limits.NDIM_MAX - 1:
-                raise InvalidArgument(f"scatter: rows of {a.ndim - 1} dimensions; at most {limits.NDIM_MAX - 1} "
-                                      f"(the array, with its world_size rows, at most {limits.NDIM_MAX})")
-            code = _code(a.dtype)
-            if code == 0:
-                raise InvalidType(f"scatter: dtype {a.dtype} is not one a group moves: numeric, bool, float16 "
-                                  f"and bfloat16 arrays")
-            meta[0], meta[1], meta[2 : 2 + a.ndim - 1] = code, a.ndim - 1, a.shape[1:]
-            meta[-1] = int(tensor)
+        try:
+            root = self._root(root, "scatter")
+            if self._rank == root:
+                a, tensor = self._input(array, "scatter")
+                self._rows(a, "scatter")
+                if a.ndim - 1 > limits.NDIM_MAX - 1:
+                    raise InvalidArgument(f"scatter: rows of {a.ndim - 1} dimensions; at most "
+                                          f"{limits.NDIM_MAX - 1} (the array, with its world_size rows, at most "
+                                          f"{limits.NDIM_MAX})")
+                code = _code(a.dtype)
+                if code == 0:
+                    raise InvalidType(f"scatter: dtype {a.dtype} is not one a group moves: numeric, bool, float16 "
+                                      f"and bfloat16 arrays")
+                meta[0], meta[1], meta[2 : 2 + a.ndim - 1] = code, a.ndim - 1, a.shape[1:]
+                meta[-1] = int(tensor)
+        except Exception as exc:
+            self._failed_call(lib.RDV_COLL_SCATTER, exc)
+            raise
         self._run(lib.RDV_COLL_SCATTER_META, 0, lib.RDV_DT_I64, root, meta.nbytes, 0, ffi.from_buffer(meta),
                   ffi.from_buffer(meta, require_writable=True))
         dtype, shape, tensor = self._scattered(meta)
@@ -697,9 +949,13 @@ class Group:
 
     def alltoall(self, array: Any) -> Any:
         """array has world_size rows; out[j] is rank j's array[rank]."""
-        a, tensor = self._input(array, "alltoall")
-        self._rows(a, "alltoall")
-        res = np.empty_like(a)
+        try:
+            a, tensor = self._input(array, "alltoall")
+            self._rows(a, "alltoall")
+            res = np.empty_like(a)
+        except Exception as exc:
+            self._failed_call(lib.RDV_COLL_ALLTOALL, exc)
+            raise
         self._run(lib.RDV_COLL_ALLTOALL, 0, _code(a.dtype), 0, a.nbytes // self._world,
                   _shape_hash(a.shape, a.dtype), ffi.from_buffer(a), ffi.from_buffer(res, require_writable=True))
         return self._result(res, tensor)
@@ -722,7 +978,7 @@ class Group:
         self._subgroups[members] = count + 1
         tag = zlib.crc32(repr(members).encode())
         name = f"{self._name}.{len(members)}-{tag:08x}-{count}"
-        return Group(name, members.index(self._rank), len(members), timeout=self._timeout)
+        return Group(name, members.index(self._rank), len(members), timeout=self._timeout, job=self._job)
 
 
 def _describe(kind: int, op: int, dtype: int, root: int, nbytes: int) -> str:
@@ -739,4 +995,4 @@ def _describe(kind: int, op: int, dtype: int, root: int, nbytes: int) -> str:
     return f"{name}({', '.join(parts)})"
 
 
-__all__ = ["Group", "GROUP_PREFIX", "MAX_RANKS", "OPS", "SLOT_BYTES", "sweep_stale_groups"]
+__all__ = ["Group", "GROUP_PREFIX", "MAX_RANKS", "OPS", "SLOT_BYTES", "remove_group", "sweep_stale_groups"]

@@ -176,22 +176,25 @@ def shm_open(path: str, what: str, *args: Any, **kwargs: Any) -> "posix_ipc.Shar
                               f"remove it if it is yours, else use another name") from None
 
 
-def check_owner(fd: int, name: str, path: str) -> None:
+def check_owner(fd: int, name: str, path: str, *, what: str = "rendezvous", remove: str = "") -> None:
     """Attach only to a segment this user owns and nobody else can open:
     another local user could have created it first, to read the tensors
-    sent through it or plant its own (PermissionError, naming owner and mode)."""
+    sent through it or plant its own (PermissionError, naming owner and mode).
+    ``what`` names the kind of segment, ``remove`` the command that removes
+    it (``shmrdv rm NAME`` by default)."""
     st = os.fstat(fd)
     euid = os.geteuid()
     mode = stat.S_IMODE(st.st_mode)
+    remove = remove or f"shmrdv rm {name}"
     if st.st_uid != euid:
-        raise PermissionError(errno.EACCES, f"refusing to attach to rendezvous {name!r}: its segment is owned by "
+        raise PermissionError(errno.EACCES, f"refusing to attach to {what} {name!r}: its segment is owned by "
                               f"uid {st.st_uid} ({user_name(st.st_uid)}), not by this user (uid {euid}), so its owner "
-                              f"can read and change what is sent through it; remove it (shmrdv rm {name}, as its "
+                              f"can read and change what is sent through it; remove it ({remove}, as its "
                               f"owner or root) or use another name", segment_file(path))
     if mode & 0o077:
-        raise PermissionError(errno.EACCES, f"refusing to attach to rendezvous {name!r}: its segment has mode "
+        raise PermissionError(errno.EACCES, f"refusing to attach to {what} {name!r}: its segment has mode "
                               f"{mode:04o}, open to group or others (shmrdv creates them 0600); remove it "
-                              f"(shmrdv rm {name}), or chmod 600 it if you trust what it holds", segment_file(path))
+                              f"({remove}), or chmod 600 it if you trust what it holds", segment_file(path))
 
 
 def user_name(uid: int) -> str:

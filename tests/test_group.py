@@ -725,8 +725,9 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 
 
 def test_argument_errors_are_local_and_leave_the_group_working():
-    """Bad arguments raise on the calling rank before anything is shared; the
-    group goes on (the next call is right)."""
+    """Bad arguments raise on the calling rank before any data is shared
+    (every rank here passes the same, so each one's refused call pairs with
+    the others'); the group goes on (the next call is right)."""
     W = 2
 
     def body(g):

@@ -1,4 +1,5 @@
-"""``shmrdv rm [--force] NAME...``: remove rendezvous segments.
+"""``shmrdv rm [--force] [--group] NAME...``: remove rendezvous segments
+(with ``--group``, the segments of groups: see ``_remove_groups``).
 
 A segment that live processes have attached is left alone (status 1, naming
 them) unless ``--force``: then the rendezvous is aborted first, so that every
@@ -14,6 +15,7 @@ import os
 import sys
 from typing import List, Optional
 
+from ..group import remove_group
 from ..rendezvous import Rendezvous
 from ..segments import foreign_owner, segment_in_use, segment_path, unlink_segment
 from ._common import SEGMENT_ERRORS, about, others, rendezvous_name
@@ -26,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true",
                         help="also remove segments live processes use: abort the rendezvous first (their waits "
                              "raise Aborted), then remove it")
+    parser.add_argument("--group", action="store_true",
+                        help="the names are groups' (shmrdv.Group): remove /dev/shm/shmrdv.group-NAME, which a "
+                             "group has while it joins, or a job killed while joining leaves")
 
 
 def _live_pids(name: str, force: bool) -> Optional[List[int]]:
@@ -64,7 +69,33 @@ def _remove_foreign(name: str, owner: str, force: bool) -> bool:
     return True
 
 
+def _remove_groups(names: List[str], force: bool) -> int:
+    """``--group``: remove group segments. One whose join is under way (its
+    rank 0 alive) is left alone (status 1, naming it) unless ``--force``:
+    its join is then refused first (every member raises Aborted "removed by
+    shmrdv rm --force"). Whatever else is at the name (left by a killed job,
+    of another mode, a symbolic link) is removed."""
+    failed = 0
+    for name in names:
+        try:
+            live = remove_group(name, force)
+        except SEGMENT_ERRORS as exc:
+            print(f"shmrdv rm: {about(name, exc)}", file=sys.stderr)
+            failed = 1
+            continue
+        pids = ", ".join(str(pid) for pid in live)
+        if live and not force:
+            print(f"shmrdv rm: group {name}: joining, its rank 0 is live process {pids}; not removed (--force "
+                  f"refuses its join and removes it)", file=sys.stderr)
+            failed = 1
+            continue
+        print(f"group {name}: removed" + (f" (its join refused first: rank 0 is live process {pids})" if live else ""))
+    return failed
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.group:
+        return _remove_groups(args.names, args.force)
     failed = 0
     for name in args.names:
         owner = foreign_owner(name)

@@ -76,6 +76,7 @@
 static char shm_name[64];
 static pid_t kids[64];
 static volatile uint32_t *in_call; /* shared: rank r is inside a call (for the kill statistics) */
+#define GO 100                     /* in_call[GO]: the parent's word to a REFUSE round's late rank */
 static int failures;
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -187,7 +188,7 @@ static void rank_error(struct report *rep, const char *fmt, ...) {
 
 /* ---- the calls ---------------------------------------------------------- */
 
-enum { MIXED, MISMATCH, KILL, ABORT };
+enum { MIXED, MISMATCH, KILL, ABORT, REFUSE };
 
 struct job {
     int mode;
@@ -195,9 +196,10 @@ struct job {
     uint64_t slot;
     uint64_t seed;
     uint32_t ncalls;
-    int variant;    /* ABORT: 0 abort while the others wait, 1 abort mid-call, 2 leave */
+    int variant;    /* ABORT: 0 abort while the others wait, 1 abort mid-call, 2 leave;
+                       REFUSE: 0 refused before the late rank opens, 1 as it does */
     uint32_t actor; /* ABORT: who aborts or leaves */
-    uint32_t late;  /* ABORT variant 1: who calls only once it is aborted */
+    uint32_t late;  /* ABORT variant 1: who calls only once it is aborted; REFUSE: who opens at the parent's word */
 };
 
 struct desc {
@@ -478,10 +480,11 @@ static uint64_t pick_bytes(uint64_t *s, const struct job *job, uint32_t kind, ui
     return u / unit * unit;
 }
 
-/* The odd rank's call: d with one field changed (how, or the next that applies). */
+/* The odd rank's call: d with one field changed (how, or the next that
+ * applies), or (how 6) a call it could not make, saying why in bytes. */
 static void alter(uint64_t *s, const struct job *job, const struct desc *d, struct desc *alt, uint32_t how) {
     uint32_t W = job->world;
-    for (int tries = 0; tries < 6; tries++, how = (how + 1) % 6) {
+    for (int tries = 0; tries < 7; tries++, how = (how + 1) % 7) {
         *alt = *d;
         switch (how) {
         case 0: /* shape */
@@ -540,6 +543,9 @@ static void alter(uint64_t *s, const struct job *job, const struct desc *d, stru
                 }
             break;
         }
+        case 6: /* a call it could not make (RDV_COLL_FAILED), why in up to RDV_REASON_MAX bytes */
+            *alt = (struct desc){RDV_COLL_FAILED, d->kind, 0, 0, rng(s) % (RDV_REASON_MAX + 1), 0};
+            return;
         }
     }
     alt->hash ^= 0x20;
@@ -591,7 +597,7 @@ static void plan_call(const struct job *job, uint64_t i, struct plan *p) {
     int mismatch = job->mode == MISMATCH ? i % 2 == 0 : job->mode == MIXED && rng(&s) % 40 == 0;
     if (mismatch) {
         p->odd = job->mode == MISMATCH ? (int)((i / 2) % W) : (int)(rng(&s) % W);
-        alter(&s, job, d, &p->alt, job->mode == MISMATCH ? (uint32_t)(i / 2 % 6) : (uint32_t)(rng(&s) % 6));
+        alter(&s, job, d, &p->alt, job->mode == MISMATCH ? (uint32_t)(i / 2 % 7) : (uint32_t)(rng(&s) % 7));
     }
 }
 
@@ -643,6 +649,9 @@ static int do_call(rdv_group_t *g, const struct job *job, uint64_t i, const stru
         break;
     case RDV_COLL_ALLTOALL:
         has_src = has_dst = 1, in_len = out_len = W * N;
+        break;
+    case RDV_COLL_FAILED: /* src: why it failed */
+        has_src = 1, in_len = N;
         break;
     }
     uint8_t *src = NULL, *dst = NULL, *exp = NULL;
@@ -698,6 +707,15 @@ static int do_call(rdv_group_t *g, const struct job *job, uint64_t i, const stru
                            (unsigned long long)st.nbytes, (unsigned long long)st.shape_hash, want_rank, theirs->kind,
                            theirs->op, theirs->dtype, theirs->root, (unsigned long long)theirs->nbytes,
                            (unsigned long long)theirs->hash);
+            if (theirs->kind == RDV_COLL_FAILED) { /* the odd rank's why, as it gave it */
+                char why[RDV_REASON_MAX], want[RDV_REASON_MAX];
+                uint32_t len = 0;
+                int wrc = rdv_coll_failed_why(g, why, sizeof why, &len);
+                gen_bytes(bases[p->odd], 0, theirs->nbytes, (uint8_t *)want);
+                if (wrc || len != theirs->nbytes || memcmp(why, want, len))
+                    rank_error(rep, "call %llu: rdv_coll_failed_why: %d, %u bytes, not the %llu the odd rank gave",
+                               (unsigned long long)i, wrc, len, (unsigned long long)theirs->nbytes);
+            }
             for (uint64_t k = 0; has_dst && !in_place && k < out_len; k++)
                 if (dst[k] != 0xa5) {
                     rank_error(rep, "call %llu: -EBADE but output byte %llu was written", (unsigned long long)i,
@@ -884,6 +902,26 @@ static void body_abort(rdv_group_t *g, int join_rc, const struct job *job, uint3
     }
 }
 
+static const char refusal[] = "coll stress: refused by the parent";
+
+/* A refused join: -ECONNABORTED naming no rank but the outsider, with its
+ * reason, at once and on every later call; a join that completed first: a
+ * group that works. */
+static void body_refuse(rdv_group_t *g, int join_rc, const struct job *job, uint32_t r, struct report *rep) {
+    (void)job, (void)r;
+    rep->t_ret = now_ns();
+    if (join_rc == 0) {
+        rep->rc2 = finish_call(g, rdv_coll_barrier(g));
+        return;
+    }
+    record_failure(g, join_rc, rep);
+    char buf[RDV_REASON_MAX];
+    uint32_t len = 0;
+    int rrc = rdv_coll_reason(g, buf, sizeof buf, &len);
+    if (rrc || len != sizeof refusal - 1 || memcmp(buf, refusal, len))
+        rank_error(rep, "rdv_coll_reason: %d, %.*s", rrc, (int)len, buf);
+}
+
 /* ---- teams -------------------------------------------------------------- */
 
 struct team {
@@ -902,7 +940,11 @@ static void rank_main(int fd, const struct job *job, uint32_t r, int out, body_f
     uint32_t last = 0;
     int rc;
     int64_t until = now_ns() + 10 * SEC;
-    while ((rc = rdv_coll_open(fd, r == 0, job->world, r, job->slot, &g, &last)) == -EAGAIN && now_ns() < until)
+    static const uint8_t no_token[RDV_COLL_JOB_BYTES];
+    while (job->mode == REFUSE && r == job->late && !in_call[GO] && now_ns() < until)
+        usleep(20);
+    while ((rc = rdv_coll_open(fd, r == 0, job->world, r, job->slot, no_token, &g, &last)) == -EAGAIN &&
+           now_ns() < until)
         usleep(1000);
     if (rc) {
         fprintf(stderr, "coll stress: rank %u: rdv_coll_open: %d (%s)\n", r, rc, strerror(-rc));
@@ -1148,6 +1190,71 @@ static void abort_rounds(void) {
            (double)max_delay / 1e6, (double)(now_ns() - t0) / SEC);
 }
 
+/* A process of the same job refuses a join: the parent, while every rank
+ * but the late one waits (variant 0: all get -ECONNABORTED, the late one
+ * too when it opens), or just as the late one joins (variant 1: either the
+ * refusal or the join wins, on every rank alike: never a group that formed
+ * for some ranks and was refused for others). Another job's token cannot. */
+static void refuse_rounds(void) {
+    static const uint8_t no_token[RDV_COLL_JOB_BYTES], other_token[RDV_COLL_JOB_BYTES] = {1};
+    uint64_t s = 0x72656675ULL;
+    int64_t t0 = now_ns(), max_delay = 0;
+    int refused = 0, formed = 0, rounds = 0;
+    for (int k = 0; k < 40; k++) {
+        int variant = k >= 4;
+        struct job job = {.mode = REFUSE, .world = 2 + (uint32_t)(k % 3), .slot = SLOT_SMALL, .variant = variant};
+        uint32_t W = job.world;
+        job.late = W - 1;
+        in_call[GO] = 0;
+        struct team t;
+        struct report reps[MAXW];
+        if (spawn(&t, &job, body_refuse) < 0)
+            return;
+        for (uint32_t r = 0; r + 1 < W; r++)
+            if (wait_tag(&t, r, 'o') < 0)
+                fail("refuse round %d: rank %u did not open", k, r);
+        if (variant)
+            in_call[GO] = 1;
+        usleep(variant ? (useconds_t)(rng(&s) % 400) : 50000);
+        int64_t t_refuse = now_ns();
+        int fd = shm_open(shm_name, O_RDWR, 0);
+        int rc = fd < 0 ? -EALREADY : rdv_coll_refuse(fd, other_token, "other", 5);
+        if (fd >= 0 && rc != -EREMCHG)
+            fail("refuse round %d: a refusal with another job's token returned %d, not -EREMCHG", k, rc);
+        if (fd >= 0)
+            rc = rdv_coll_refuse(fd, no_token, refusal, sizeof refusal - 1);
+        if (fd >= 0)
+            close(fd);
+        if (rc != 0 && rc != -EALREADY)
+            fail("refuse round %d: rdv_coll_refuse returned %d", k, rc);
+        if (!variant && rc)
+            fail("refuse round %d: the refusal before the late rank opened returned %d", k, rc);
+        in_call[GO] = 1;
+        finish(&t, reps, -1);
+        name_left();
+        rounds++;
+        refused += rc == 0;
+        formed += rc != 0;
+        for (uint32_t r = 0; r < W; r++) {
+            const struct report *rp = &reps[r];
+            if (rc == 0 && (rp->rc != -ECONNABORTED || rp->rc2 != -ECONNABORTED || rp->st_rank != RDV_COLL_OUTSIDER))
+                fail("refuse round %d (W %u): refused, but rank %u returned %d (status rank %u), then %d", k, W, r,
+                     rp->rc, rp->st_rank, rp->rc2);
+            if (rc != 0 && (rp->rc != 0 || rp->rc2 != 0))
+                fail("refuse round %d (W %u): formed first, but rank %u returned %d, then %d", k, W, r, rp->rc,
+                     rp->rc2);
+            if (rc == 0 && r != job.late) { /* waiting when it happened: it must have noticed soon */
+                int64_t delay = rp->t_ret - t_refuse;
+                if (delay > HARD_LIMIT_NS)
+                    fail("refuse round %d: rank %u returned %.3f s after the refusal", k, r, (double)delay / SEC);
+                max_delay = delay > max_delay ? delay : max_delay;
+            }
+        }
+    }
+    printf("coll stress: refusals: %d rounds, %d refused, %d formed first; waiting ranks returned within %.1f ms, "
+           "in %.2f s\n", rounds, refused, formed, (double)max_delay / 1e6, (double)(now_ns() - t0) / SEC);
+}
+
 static int leftovers(void) {
     char prefix[64];
     snprintf(prefix, sizeof prefix, "%s", shm_name + 1);
@@ -1182,6 +1289,7 @@ int main(void) {
         run_calls(MISMATCH, W, SLOT_SMALL, 2 * MISMATCH_PAIRS, 0xbade0000ULL + W);
     kill_rounds();
     abort_rounds();
+    refuse_rounds();
 
     int left = leftovers();
     if (left)
