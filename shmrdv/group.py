@@ -248,7 +248,14 @@ class Group:
     A call whose arguments this rank gets wrong raises here, and is made
     all the same, as a call that failed: the others' call raises
     ``CollectiveMismatch`` naming the error (rather than pairing with this
-    rank's next call), and the group goes on."""
+    rank's next call), and the group goes on.
+
+    The calls: ``allreduce``, ``reduce``, ``reduce_scatter``, ``broadcast``,
+    ``allgather``, ``gather``, ``scatter``, ``alltoall``, ``barrier`` and
+    ``new_group``. Calls that do not match across ranks raise
+    ``CollectiveMismatch`` on every rank and the group goes on; a rank that
+    dies makes the others raise ``PeerLost`` within a tenth of a second; a
+    Ctrl-C during a call aborts the group (``Aborted`` on the others)."""
 
     def __init__(self, name: str, rank: int, world_size: int, *, timeout: Optional[float] = None,
                  job: Optional[str] = None, _slot_bytes: int = SLOT_BYTES) -> None:
@@ -492,18 +499,22 @@ class Group:
 
     @property
     def rank(self) -> int:
+        """This process's rank, 0 .. world_size - 1."""
         return self._rank
 
     @property
     def world_size(self) -> int:
+        """How many ranks the group has (at most ``MAX_RANKS``, 64)."""
         return self._world
 
     @property
     def name(self) -> str:
+        """The group's name (its segment is /dev/shm/shmrdv.group-NAME while it joins)."""
         return self._name
 
     @property
     def closed(self) -> bool:
+        """Whether this rank has left the group (``close``, the end of a ``with`` block)."""
         return self._g is None
 
     def __repr__(self) -> str:

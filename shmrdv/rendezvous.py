@@ -221,6 +221,9 @@ class Rendezvous(Receiving, Awaiting, fast.Handle):
 
     @property
     def closed(self) -> bool:
+        """Whether this handle has no attachment now: closed (``close``, the
+        end of a ``with`` block), or inherited by a fork child that has not
+        used it yet (its first call attaches one of the child's own)."""
         return self._h is None
 
     def close(self) -> None:
@@ -488,8 +491,8 @@ class Rendezvous(Receiving, Awaiting, fast.Handle):
     def mark(self, idx: int) -> Tuple[int, int, int]:
         """Producer mark ``idx`` as ``(id, val0, val1)``.
 
-        producer marks: for idempotent producers such as the network bridge;
-        see docs. A rendezvous holds ``MAX_MARKS`` (64) marks, each three
+        Producer marks are for idempotent producers such as the network
+        bridge (docs: crash safety). A rendezvous holds ``MAX_MARKS`` (64) marks, each three
         unsigned 64-bit words, all zero until set; id 0 means unused. A
         producer records in a mark how far it got (e.g. the last sequence
         number it published for a remote sender) with ``alloc(...,
