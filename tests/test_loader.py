@@ -300,7 +300,8 @@ def test_arguments_checked_like_torch():
                          (dict(batch_size=None, drop_last=True), "drop_last"),
                          (dict(sampler=[0], shuffle=True), "shuffle"),
                          (dict(batch_sampler=[[0]], batch_size=2), "batch_sampler"),
-                         (dict(num_workers=1, multiprocessing_context="nope"), "nope")):
+                         (dict(num_workers=1, multiprocessing_context="nope"), "nope"),
+                         (dict(multiprocessing_context="fork"), r"multi-process loading \(num_workers > 0\)")):
         with pytest.raises(ValueError, match=word):
             DataLoader(ds.Squares(), **kwargs)
         with pytest.raises(ValueError, match=word):

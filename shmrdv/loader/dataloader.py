@@ -584,6 +584,10 @@ class DataLoader:
         if output not in ("torch", "numpy"):
             raise InvalidArgument(f"output must be 'torch' or 'numpy', got {output!r}")
         if multiprocessing_context is not None:
+            if num_workers == 0:
+                raise ValueError(f"multiprocessing_context can only be used with multi-process loading "
+                                 f"(num_workers > 0), but got num_workers={num_workers}: drop "
+                                 f"multiprocessing_context, or pass num_workers > 0")
             _context(multiprocessing_context)  # checked now, not at the first epoch
         if num_workers + 1 > MAX_PROCS or (not in_order and num_workers > _MAX_ANY_KEYS):
             raise ValueError(f"num_workers={num_workers}: a loader's shared memory serves at most {MAX_PROCS - 1} "
