@@ -140,6 +140,13 @@ def fail(how: str) -> None:
     raise AssertionError(how)
 
 
+class FailingIter(IterableDataset):
+    """An iterable dataset whose iter() fails."""
+
+    def __iter__(self):
+        raise RuntimeError("iter() of this dataset failed")
+
+
 class Unshippable(Dataset):
     def __len__(self) -> int:
         return 4

@@ -5,6 +5,7 @@ pid, signal and batch), timeout, an unshippable sample, a batch too big for
 the loader's memory, a failing worker_init_fn, Ctrl-C, and the trainer
 itself killed (its workers exit by themselves). Nothing hangs (a timeout on
 every test), nothing leaks, batches already delivered stay valid."""
+import gc
 import os
 import signal
 import subprocess
@@ -129,6 +130,15 @@ def test_failing_worker_init_fn():
     with pytest.raises(RuntimeError, match=r"init of worker 0 failed") as err:
         list(DataLoader(ds.Squares(), batch_size=4, num_workers=1, worker_init_fn=ds.failing_init))
     assert "with no batch in hand" in str(err.value)
+
+
+def test_an_iterator_that_fails_to_start_in_process_leaves_no_error_behind(monkeypatch):
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(RuntimeError, match=r"iter\(\) of this dataset failed"):
+        iter(DataLoader(ds.FailingIter(), num_workers=0))
+    gc.collect()
+    assert [str(u.exc_value) for u in unraisable] == []
 
 
 def test_ctrl_c_in_the_trainer_stops_the_workers():

@@ -484,6 +484,7 @@ class _InProcess:
     same order, with the same draws."""
 
     def __init__(self, settings: _Settings) -> None:
+        self.progress: Optional[Progress] = None  # first: __del__ runs even when what follows raises
         self.settings = settings
         self.sampler_iter = iter(settings.index_sampler)
         sampling.base_seed(settings.generator, settings.torch_order)  # drawn by torch too: the same generator state
