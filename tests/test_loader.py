@@ -135,6 +135,36 @@ def test_iterable_sharded_like_torch(workers, kwargs):
         assert_same(*both(ds.Shards(), num_workers=workers, **kwargs))
 
 
+@pytest.fixture
+def exit_codes(monkeypatch):
+    """The exit code of every worker process a loader closes, in order."""
+    codes = []
+    real_close = multiprocessing.process.BaseProcess.close
+
+    def close(process):
+        codes.append(process.exitcode)
+        real_close(process)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "close", close)
+    return codes
+
+
+def test_an_iterable_worker_that_ran_out_is_stopped_not_killed(exit_codes):
+    # Its END comes while tasks are still queued for it; the stop sent then
+    # must survive those tasks being taken back when the epoch ends.
+    for _ in range(10):
+        assert len(list(DataLoader(ds.Shards(), batch_size=7, num_workers=1, prefetch_factor=8))) == 3
+    assert exit_codes == [0] * 10
+
+
+def test_taking_back_queued_tasks_keeps_a_stop_already_sent(exit_codes):
+    it = iter(DataLoader(ds.Slow(0.5), batch_size=None, num_workers=1))
+    it.workers.stop(0)  # as when its END arrives, while it is busy with batch 0 ...
+    it.workers.take_back_tasks()  # ... and the epoch ends
+    del it
+    assert exit_codes == [0]
+
+
 def test_len_like_torch():
     for kwargs in (dict(batch_size=4), dict(batch_size=4, drop_last=True), dict(batch_size=None)):
         assert len(DataLoader(ds.Squares(), **kwargs)) == len(TorchLoader(ds.Squares(), **kwargs))

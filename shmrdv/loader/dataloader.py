@@ -192,15 +192,23 @@ class _Workers:
     def stop(self, w: int) -> None:
         if not self.stopped[w]:
             self.stopped[w] = True
-            try:
-                self.send(w, {"stop": 1})
-            except Exception:
-                pass  # it is killed below if it does not exit
+            self._send_stop(w)
+
+    def _send_stop(self, w: int) -> None:
+        try:
+            self.send(w, {"stop": 1})
+        except Exception:
+            pass  # shutdown kills it if it does not exit
 
     def take_back_tasks(self) -> None:
         """Tasks no worker has started: taken back, so that a stop or a
-        reset is read next (not after prefetch_factor batches of work)."""
+        reset is read next (not after prefetch_factor batches of work). A
+        stop already sent (an iterable worker's, at its END) is taken back
+        with them, and sent again."""
         self._drain(tasks=True, results=False)
+        for w, stopped in enumerate(self.stopped):
+            if stopped:
+                self._send_stop(w)
 
     def _drain(self, tasks: bool, results: bool = True) -> None:
         if self.rdv is None or self.rdv.closed:
