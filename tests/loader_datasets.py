@@ -2,6 +2,7 @@
 forkserver workers can import them. Each is torch's kind of dataset (the
 tests compare against torch's DataLoader)."""
 import ctypes
+import gc
 import os
 import random
 import signal
@@ -186,6 +187,11 @@ class InitSeen(Dataset):
 
     def __getitem__(self, i: int):
         return int(os.environ.get("SHMRDV_TEST_INIT", "-1"))
+
+
+def collect_garbage(worker_id: int) -> None:
+    """A worker_init_fn: the worker's garbage collector runs on what it inherited."""
+    gc.collect()
 
 
 def failing_init(worker_id: int) -> None:

@@ -90,9 +90,11 @@ class _Arena:
     """A loader's shared memory and who uses it: its rendezvous (named
     before it exists, so that workers can start first), the generations of
     worker sets (each iterator's own keys), the producer marks they hold,
-    and the worker sets alive. ``release`` frees it all."""
+    and the worker sets alive. ``release`` frees it all, in the process
+    that made the arena only (see ``_Workers.shutdown``)."""
 
     def __init__(self) -> None:
+        self.pid = os.getpid()
         self.name = private_name()
         self.rdv: Optional[Rendezvous] = None
         self.generations = itertools.count()
@@ -114,6 +116,8 @@ class _Arena:
         return self.rdv
 
     def release(self) -> None:
+        if os.getpid() != self.pid:
+            return  # a forked child's copy: the trainer's memory, not the child's to free
         self.released = True
         for workers in list(self.workers):
             workers.shutdown()
@@ -145,6 +149,7 @@ class _Workers:
         self.procs: List[Any] = []
         self.stopped = [False] * n
         self.down = False
+        self.trainer_pid = os.getpid()
         self.arena = arena
         self.gen = next(arena.generations)
         self.task_keys = [task_key(self.gen, w) for w in range(n)]
@@ -226,8 +231,11 @@ class _Workers:
         """Stop every worker (killing one that does not exit within
         ``_STOP_WAIT``), wait for them all, and free what they left queued.
         Idempotent, and complete even if interrupted (Ctrl-C) while it
-        waits; batches already delivered stay valid."""
-        if self.down:
+        waits; batches already delivered stay valid. Only in the trainer:
+        a process forked from it (a worker of another iterator) inherits
+        this object, and its garbage collector may finalize it there, where
+        these workers are not its children and their keys not its own."""
+        if self.down or os.getpid() != self.trainer_pid:
             return
         self.down = True
         try:
