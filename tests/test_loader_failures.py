@@ -142,6 +142,26 @@ def test_an_iterator_that_fails_to_start_in_process_leaves_no_error_behind(monke
     assert [str(u.exc_value) for u in unraisable] == []
 
 
+@pytest.mark.parametrize("failure", ["a sample", "worker_init_fn"])
+def test_a_failed_iterator_frees_its_workers_and_memory_without_the_gc(failure):
+    gc.disable()  # reference counting alone: no cycle may hold the iterator
+    try:
+        init = ds.failing_init if failure == "worker_init_fn" else None
+        loader = DataLoader(ds.Failing("custom"), batch_size=2, num_workers=2, worker_init_fn=init)
+        it = iter(loader)
+        pids, name = {p.pid for p in it.workers.procs}, loader._owner.arena.name
+        try:
+            for _ in it:
+                pass
+        except RuntimeError:  # a WorkerError, or the RuntimeError of the worker_init_fn
+            pass
+        del it, loader
+        assert not pids & _children(), "the failed iterator's workers are still running"
+        assert not os.path.exists(f"/dev/shm/shmrdv-{name}"), "the failed iterator's memory is still reserved"
+    finally:
+        gc.enable()
+
+
 def test_forked_workers_leave_the_trainer_s_garbage_to_the_trainer(capfd):
     gc.disable()
     try:

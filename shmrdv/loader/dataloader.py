@@ -262,7 +262,8 @@ class _Epochs:
     with persistent workers, one serves every epoch (``reset``)."""
 
     def __init__(self, settings: _Settings, owner: _Owner) -> None:
-        self.settings, self.owner = settings, owner
+        self.settings = settings
+        self.owner: Optional[_Owner] = owner  # the loader's memory stays while this iterator may use it
         self.sampler_iter = iter(settings.index_sampler)
         self.seed = sampling.base_seed(settings.generator, settings.torch_order)
         self.workers = _Workers(settings, owner.arena, self.seed)
@@ -350,6 +351,11 @@ class _Epochs:
                                       "batch and cannot go on (no batch is lost or repeated silently): start a "
                                       "new epoch with iter(loader)")
         self._close()
+        # The error's traceback holds this iterator's frames, and the iterator
+        # holds the error: a cycle, freed at the garbage collector's next pass.
+        # Its workers are stopped now; its hold on the loader's memory goes now
+        # too (the memory is freed here if the loader is gone).
+        self.owner = None
         return err
 
     def _check(self, deadline: Optional[float], waiting_for: List[int]) -> None:
@@ -437,7 +443,13 @@ class _Epochs:
                 self._failed(exc)
             raise
         if outcome == "error":
-            raise value
+            try:
+                raise value
+            finally:
+                # The traceback keeps this frame, which keeps the iterator: without
+                # the exception in it, that is no cycle, and dropping both stops the
+                # workers at once (not at the garbage collector's next pass).
+                value = None
         return value
 
     def _next(self) -> Any:
