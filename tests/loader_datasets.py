@@ -148,6 +148,38 @@ class FailingIter(IterableDataset):
         raise RuntimeError("iter() of this dataset failed")
 
 
+class Pairs(Dataset):
+    """Named tuples made in a class body, as torch's own tests make them:
+    there is no name to import them by."""
+
+    Pair = namedtuple("Pair", "inner tensor")
+    Inner = namedtuple("Inner", "value label")
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        return self.Pair(self.Inner(i, str(i)), torch.tensor([i, -i]))
+
+
+def point_class():
+    """A named tuple class made anew by each call, with Point's module, name and fields."""
+    return namedtuple("Point", "x y")
+
+
+class Points(Dataset):
+    """Samples of two classes that point_class() made (and Point is a third)."""
+
+    def __init__(self) -> None:
+        self.kinds = (point_class(), point_class())
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        return self.kinds[i % 2](i, -i)
+
+
 class Unshippable(Dataset):
     def __len__(self) -> int:
         return 4

@@ -403,6 +403,23 @@ def test_strings_of_tuple_samples_and_mixed_numbers_like_torch():
     assert_same(*both(ds.Squares(), batch_size=4, num_workers=2, collate_fn=ds.tuple_collate))
 
 
+@pytest.mark.parametrize("workers, method", [(0, None), (2, "fork"), (2, "spawn")])
+@pytest.mark.parametrize("batch_size", [2, None])
+def test_named_tuples_made_in_a_class_body_like_torch(workers, method, batch_size):
+    theirs = list(TorchLoader(ds.Pairs(), batch_size=batch_size))  # torch's workers cannot pickle them
+    ours = list(DataLoader(ds.Pairs(), batch_size=batch_size, num_workers=workers, multiprocessing_context=method))
+    assert_same([theirs], [ours])
+    assert type(ours[0]) is ds.Pairs.Pair and type(ours[0].inner) is ds.Pairs.Inner
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_named_tuple_classes_of_one_name_and_fields_stay_apart(workers):
+    dataset = ds.Points()
+    ours = list(DataLoader(dataset, batch_size=None, num_workers=workers))
+    assert [type(p) for p in ours] == [dataset.kinds[i % 2] for i in range(6)]
+    assert [tuple(p) for p in ours] == [(i, -i) for i in range(6)]
+
+
 def test_tensor_chunks_as_sampler_indices():
     chunks = list(torch.arange(5).split(2))  # the last chunk has one element: still a batch of one
     # torch's own workers would pass these tensors through fds of theirs: compare with its one process
