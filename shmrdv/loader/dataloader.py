@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import sys
 import time
+import types
 import warnings
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -585,6 +586,12 @@ class DataLoader:
     when tqdm is installed, a line on stderr otherwise).
     """
 
+    # DataLoader[Batch] in annotations, as torch's DataLoader (a Generic) takes it
+    __class_getitem__ = classmethod(types.GenericAlias)
+    # What an iterator's sampling is built from: fixed once the loader is made, as in torch
+    _FIXED = frozenset(("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"))
+    _initialized = False
+
     def __init__(self, dataset: Any, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None,
                  sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
                  collate_fn: Optional[Callable[[Any], Any]] = None, pin_memory: bool = False,
@@ -647,6 +654,13 @@ class DataLoader:
         self.collate_fn = None if _is_torch_default(collate_fn, self.batch_sampler is not None) else collate_fn
         self._owner = _Owner()
         self._persistent: Optional[_Epochs] = None
+        self._initialized = True
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        if self._initialized and attr in self._FIXED:
+            raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized: "
+                             f"make a new {type(self).__name__} with {attr}={value!r:.60}")
+        super().__setattr__(attr, value)
 
     @property
     def _auto_collation(self) -> bool:
