@@ -85,6 +85,7 @@ class _Settings:
         self.worker_init_fn, self.shm_size = loader.worker_init_fn, loader.shm_size
         self.multiprocessing_context = loader.multiprocessing_context
         self.length = loader._length_or_none()
+        self.len_reported = loader._len_reported
 
 
 class _Arena:
@@ -291,6 +292,7 @@ class _Epochs:
             except BaseException as exc:
                 raise self._failed(exc)
         self.sent = self.rcvd = 0
+        self.yielded = 0
         self.task_worker: Dict[int, int] = {}
         self.outstanding = 0
         self.active = [True] * n
@@ -451,6 +453,8 @@ class _Epochs:
                 # the exception in it, that is no cycle, and dropping both stops the
                 # workers at once (not at the garbage collector's next pass).
                 value = None
+        self.yielded += 1
+        _check_reported_length(self.settings, self.yielded)
         return value
 
     def _next(self) -> Any:
@@ -508,6 +512,19 @@ class _Epochs:
             finalizer()
 
 
+def _check_reported_length(settings: _Settings, yielded: int) -> None:
+    """torch's warning when an iterable dataset yields more than the length
+    ``len(loader)`` reported (usually: every worker yields all of it)."""
+    reported = settings.len_reported
+    if reported is not None and yielded > reported:
+        hint = (" For multiprocessing data-loading, this could be caused by not properly configuring the "
+                "IterableDataset replica at each worker: give each worker its share in __iter__, by "
+                "torch.utils.data.get_worker_info() (torch's IterableDataset documentation shows how)."
+                if settings.num_workers else "")
+        warnings.warn(f"Length of IterableDataset {settings.dataset!r:.100} was reported to be {reported} (when "
+                      f"accessing len(dataloader)), but {yielded} samples have been fetched.{hint}", stacklevel=3)
+
+
 class _InProcess:
     """``num_workers=0``: batches built in the trainer's process, in the
     same order, with the same draws."""
@@ -515,6 +532,7 @@ class _InProcess:
     def __init__(self, settings: _Settings) -> None:
         self.progress: Optional[Progress] = None  # first: __del__ runs even when what follows raises
         self.settings = settings
+        self.yielded = 0
         self.sampler_iter = iter(settings.index_sampler)
         sampling.base_seed(settings.generator, settings.torch_order)  # drawn by torch too: the same generator state
         cfg = Config("", 0, 0, 1, settings.dataset, settings.iterable, settings.auto_collation, settings.collate_fn,
@@ -538,6 +556,8 @@ class _InProcess:
         _kind, _task, meta = wire.read(buf)
         if self.progress is not None:
             self.progress.update(buf.nbytes)
+        self.yielded += 1
+        _check_reported_length(self.settings, self.yielded)
         return wire.build(buf, meta, self.settings.as_torch)
 
     def __del__(self) -> None:
@@ -654,6 +674,9 @@ class DataLoader:
         self.collate_fn = None if _is_torch_default(collate_fn, self.batch_sampler is not None) else collate_fn
         self._owner = _Owner()
         self._persistent: Optional[_Epochs] = None
+        # An iterable dataset's len() once len(loader) has been asked: its
+        # iterators warn past it, as torch's do.
+        self._len_reported: Optional[int] = None
         self._initialized = True
 
     def __setattr__(self, attr: str, value: Any) -> None:
@@ -685,6 +708,11 @@ class DataLoader:
         return self._persistent
 
     def __len__(self) -> int:
+        if self._iterable:
+            self._len_reported = len(self.dataset)
+        return self._length()
+
+    def _length(self) -> int:
         if not self._iterable:
             return len(self._index_sampler)
         length = len(self.dataset)
@@ -694,7 +722,7 @@ class DataLoader:
 
     def _length_or_none(self) -> Optional[int]:
         try:
-            return len(self)
+            return self._length()
         except TypeError:
             return None
 
