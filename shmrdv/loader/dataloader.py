@@ -17,6 +17,7 @@ batches, of samples and of random draws is torch's):
 import itertools
 import multiprocessing
 import os
+import pickle
 import sys
 import time
 import types
@@ -171,7 +172,16 @@ class _Workers:
                              settings.auto_collation, settings.collate_fn, settings.drop_last, seed,
                              settings.worker_init_fn, os.getpid(), self.marks[w])
                 p = ctx.Process(target=run, args=(cfg,), name=f"shmrdv-loader-worker-{w}", daemon=True)
-                p.start()
+                try:
+                    p.start()
+                except (TypeError, AttributeError, pickle.PicklingError):
+                    method = ctx.get_start_method()
+                    if method != "fork":  # torch's warning, which users search for, with what to do
+                        warnings.warn(f"Got pickle error when starting DataLoader worker {w}: the {method!r} start "
+                                      f"method pickles what a worker starts from (the dataset, collate_fn and "
+                                      f"worker_init_fn); define them at the top level of a module, not in a "
+                                      f"function, or pass multiprocessing_context='fork'", stacklevel=4)
+                    raise
                 self.procs.append(p)
             self.rdv = arena.open(settings.shm_size)
             for mark in self.marks:
