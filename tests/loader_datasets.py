@@ -2,6 +2,7 @@
 forkserver workers can import them. Each is torch's kind of dataset (the
 tests compare against torch's DataLoader)."""
 import ctypes
+import gc
 import os
 import random
 import signal
@@ -140,6 +141,45 @@ def fail(how: str) -> None:
     raise AssertionError(how)
 
 
+class FailingIter(IterableDataset):
+    """An iterable dataset whose iter() fails."""
+
+    def __iter__(self):
+        raise RuntimeError("iter() of this dataset failed")
+
+
+class Pairs(Dataset):
+    """Named tuples made in a class body, as torch's own tests make them:
+    there is no name to import them by."""
+
+    Pair = namedtuple("Pair", "inner tensor")
+    Inner = namedtuple("Inner", "value label")
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        return self.Pair(self.Inner(i, str(i)), torch.tensor([i, -i]))
+
+
+def point_class():
+    """A named tuple class made anew by each call, with Point's module, name and fields."""
+    return namedtuple("Point", "x y")
+
+
+class Points(Dataset):
+    """Samples of two classes that point_class() made (and Point is a third)."""
+
+    def __init__(self) -> None:
+        self.kinds = (point_class(), point_class())
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        return self.kinds[i % 2](i, -i)
+
+
 class Unshippable(Dataset):
     def __len__(self) -> int:
         return 4
@@ -179,6 +219,11 @@ class InitSeen(Dataset):
 
     def __getitem__(self, i: int):
         return int(os.environ.get("SHMRDV_TEST_INIT", "-1"))
+
+
+def collect_garbage(worker_id: int) -> None:
+    """A worker_init_fn: the worker's garbage collector runs on what it inherited."""
+    gc.collect()
 
 
 def failing_init(worker_id: int) -> None:

@@ -5,6 +5,7 @@ seeds and worker info, epochs (persistent or not), in_order=False, start
 methods, output="numpy", zero-copy writable batches, back-pressure, and
 the trainer's memory. Every test has a timeout and leaves no process, fd
 or /dev/shm entry behind (the ``no_leaks`` fixture)."""
+import contextlib
 import gc
 import mmap
 import multiprocessing
@@ -47,15 +48,28 @@ def _shm() -> set:
     return {e for e in os.listdir("/dev/shm") if e.startswith(f"shmrdv-private-{os.getpid()}-")}
 
 
-@pytest.fixture(autouse=True)
-def no_leaks():
-    """No worker process, fd or segment of ours outlives a test (once its loaders are dropped)."""
+def _fds() -> int:
+    """Open fds but torch's shared-memory storages: torch keeps one for each
+    tensor it moved there (to pickle it for a spawned worker) while the
+    tensor lives, and a test's dataset outlives its test."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += not os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/shm/torch_")
+        except OSError:  # the fd of the listing itself, closed by now
+            pass
+    return count
+
+
+@contextlib.contextmanager
+def nothing_left_behind():
+    """No worker process, fd or segment of ours outlives the block (once its loaders are dropped)."""
     # multiprocessing's own helpers (and their fds) live as long as this
     # process: started before counting
     multiprocessing.resource_tracker.ensure_running()
     multiprocessing.forkserver.ensure_running()
     gc.collect()
-    children, fds = _children(), len(os.listdir("/proc/self/fd"))
+    children, fds = _children(), _fds()
     yield
     gc.collect()
     deadline = time.monotonic() + 10
@@ -63,7 +77,13 @@ def no_leaks():
         time.sleep(0.05)
     assert _children() - children == set(), "worker processes left behind"
     assert _shm() == set(), "segments left in /dev/shm"
-    assert len(os.listdir("/proc/self/fd")) <= fds, "fds left open"
+    assert _fds() <= fds, "fds left open"
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    with nothing_left_behind():
+        yield
 
 
 def same(a, b) -> bool:
@@ -133,6 +153,36 @@ def test_iterable_sharded_like_torch(workers, kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch warns of 3 workers on 2 CPUs
         assert_same(*both(ds.Shards(), num_workers=workers, **kwargs))
+
+
+@pytest.fixture
+def exit_codes(monkeypatch):
+    """pid -> exit code of every worker process a loader closes, in order."""
+    codes = {}
+    real_close = multiprocessing.process.BaseProcess.close
+
+    def close(process):
+        codes[process.pid] = process.exitcode
+        real_close(process)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "close", close)
+    return codes
+
+
+def test_an_iterable_worker_that_ran_out_is_stopped_not_killed(exit_codes):
+    # Its END comes while tasks are still queued for it; the stop sent then
+    # must survive those tasks being taken back when the epoch ends.
+    for _ in range(10):
+        assert len(list(DataLoader(ds.Shards(), batch_size=7, num_workers=1, prefetch_factor=8))) == 3
+    assert list(exit_codes.values()) == [0] * 10
+
+
+def test_taking_back_queued_tasks_keeps_a_stop_already_sent(exit_codes):
+    it = iter(DataLoader(ds.Slow(0.5), batch_size=None, num_workers=1))
+    it.workers.stop(0)  # as when its END arrives, while it is busy with batch 0 ...
+    it.workers.take_back_tasks()  # ... and the epoch ends
+    del it
+    assert list(exit_codes.values()) == [0]
 
 
 def test_len_like_torch():
@@ -300,7 +350,8 @@ def test_arguments_checked_like_torch():
                          (dict(batch_size=None, drop_last=True), "drop_last"),
                          (dict(sampler=[0], shuffle=True), "shuffle"),
                          (dict(batch_sampler=[[0]], batch_size=2), "batch_sampler"),
-                         (dict(num_workers=1, multiprocessing_context="nope"), "nope")):
+                         (dict(num_workers=1, multiprocessing_context="nope"), "nope"),
+                         (dict(multiprocessing_context="fork"), r"multi-process loading \(num_workers > 0\)")):
         with pytest.raises(ValueError, match=word):
             DataLoader(ds.Squares(), **kwargs)
         with pytest.raises(ValueError, match=word):
@@ -370,6 +421,23 @@ def test_two_live_iterators_of_one_loader_keep_their_own_batches():
 def test_strings_of_tuple_samples_and_mixed_numbers_like_torch():
     assert_same(*both(ds.Records(), batch_size=4, num_workers=2))
     assert_same(*both(ds.Squares(), batch_size=4, num_workers=2, collate_fn=ds.tuple_collate))
+
+
+@pytest.mark.parametrize("workers, method", [(0, None), (2, "fork"), (2, "spawn")])
+@pytest.mark.parametrize("batch_size", [2, None])
+def test_named_tuples_made_in_a_class_body_like_torch(workers, method, batch_size):
+    theirs = list(TorchLoader(ds.Pairs(), batch_size=batch_size))  # torch's workers cannot pickle them
+    ours = list(DataLoader(ds.Pairs(), batch_size=batch_size, num_workers=workers, multiprocessing_context=method))
+    assert_same([theirs], [ours])
+    assert type(ours[0]) is ds.Pairs.Pair and type(ours[0].inner) is ds.Pairs.Inner
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_named_tuple_classes_of_one_name_and_fields_stay_apart(workers):
+    dataset = ds.Points()
+    ours = list(DataLoader(dataset, batch_size=None, num_workers=workers))
+    assert [type(p) for p in ours] == [dataset.kinds[i % 2] for i in range(6)]
+    assert [tuple(p) for p in ours] == [(i, -i) for i in range(6)]
 
 
 def test_tensor_chunks_as_sampler_indices():

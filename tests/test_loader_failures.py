@@ -5,12 +5,14 @@ pid, signal and batch), timeout, an unshippable sample, a batch too big for
 the loader's memory, a failing worker_init_fn, Ctrl-C, and the trainer
 itself killed (its workers exit by themselves). Nothing hangs (a timeout on
 every test), nothing leaks, batches already delivered stay valid."""
+import gc
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 from shmrdv.loader import DataLoader, LoaderTimeout, WorkerDied, WorkerError  # noqa: E402
 from tests import loader_datasets as ds  # noqa: E402
-from tests.test_loader import no_leaks  # noqa: E402,F401  (the same leak checks)
+from tests.test_loader import _children, no_leaks  # noqa: E402,F401  (the same leak checks)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -129,6 +131,64 @@ def test_failing_worker_init_fn():
     with pytest.raises(RuntimeError, match=r"init of worker 0 failed") as err:
         list(DataLoader(ds.Squares(), batch_size=4, num_workers=1, worker_init_fn=ds.failing_init))
     assert "with no batch in hand" in str(err.value)
+
+
+def test_an_iterator_that_fails_to_start_in_process_leaves_no_error_behind(monkeypatch):
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(RuntimeError, match=r"iter\(\) of this dataset failed"):
+        iter(DataLoader(ds.FailingIter(), num_workers=0))
+    gc.collect()
+    assert [str(u.exc_value) for u in unraisable] == []
+
+
+@pytest.mark.parametrize("failure", ["a sample", "worker_init_fn"])
+def test_a_failed_iterator_frees_its_workers_and_memory_without_the_gc(failure):
+    gc.disable()  # reference counting alone: no cycle may hold the iterator
+    try:
+        init = ds.failing_init if failure == "worker_init_fn" else None
+        loader = DataLoader(ds.Failing("custom"), batch_size=2, num_workers=2, worker_init_fn=init)
+        it = iter(loader)
+        pids, name = {p.pid for p in it.workers.procs}, loader._owner.arena.name
+        try:
+            for _ in it:
+                pass
+        except RuntimeError:  # a WorkerError, or the RuntimeError of the worker_init_fn
+            pass
+        del it, loader
+        assert not pids & _children(), "the failed iterator's workers are still running"
+        assert not os.path.exists(f"/dev/shm/shmrdv-{name}"), "the failed iterator's memory is still reserved"
+    finally:
+        gc.enable()
+
+
+def test_forked_workers_leave_the_trainer_s_garbage_to_the_trainer(capfd):
+    gc.disable()
+    try:
+        first = DataLoader(ds.Failing("custom"), batch_size=None, num_workers=2)
+        it = iter(first)
+        assert [int(next(it)) for _ in range(5)] == [0, 1, 2, 3, 4]
+        with pytest.raises(WorkerError):
+            next(it)  # batch 5: the epoch goes on, as in torch
+        pids, name = {p.pid for p in it.workers.procs}, first._owner.arena.name
+        # The iterator and its loader's memory left in a cycle (as a traceback
+        # that holds them makes one), not collected yet ...
+        cycle = [it]
+        cycle.append(cycle)
+        left = weakref.ref(it)
+        del it, first, cycle
+        for _ in range(3):  # ... when other workers fork, and collect it (collect_garbage)
+            assert len(list(DataLoader(ds.Squares(), batch_size=4, num_workers=2,
+                                       worker_init_fn=ds.collect_garbage))) == 10
+        assert pids <= _children(), "a forked worker stopped the trainer's workers"
+        assert os.path.exists(f"/dev/shm/shmrdv-{name}"), "a forked worker removed the trainer's memory"
+        assert [int(b) for b in left()] == [6, 7, 8, 9, 10, 11], "a forked worker took the trainer's batches"
+    finally:
+        gc.enable()
+    gc.collect()  # the trainer's own collector frees it
+    assert not pids & _children() and not os.path.exists(f"/dev/shm/shmrdv-{name}")
+    err = capfd.readouterr().err
+    assert "can only join a child process" not in err and "Exception ignored" not in err, err
 
 
 def test_ctrl_c_in_the_trainer_stops_the_workers():

@@ -2,6 +2,8 @@
 every length and offset a message states is checked against the message,
 also for a batch whose meta was read before and is kept parsed, and the
 int64 form of a task says its own length rightly."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -105,6 +107,8 @@ def test_a_malformed_leaf_table_is_refused_also_when_seen_before(leaves, match):
     (b'{"t":"v","v":[["a"]]}', "more than plain values"),
     (b'{"t":"v","v":{"a":1}}', "is an object"),
     (b'{"t":"a","i":1,"k":"A"}', "names leaf 1 of 1"),
+    (b'{"t":"n","m":"os","q":"X","f":["a"],"id":"1","c":[{"t":"v","v":1}]}', "named tuple node is malformed"),
+    (b'{"t":"n","m":"os","q":"X","f":["a","b"],"id":1,"c":[{"t":"v","v":1}]}', "named tuple node is malformed"),
 ])
 def test_a_malformed_tree_is_refused_also_when_seen_before(tree, match):
     meta = b'{"tree":' + tree + b',"leaves":[["|u1",[4],0]]}'
@@ -112,6 +116,14 @@ def test_a_malformed_tree_is_refused_also_when_seen_before(tree, match):
         buf = _with_meta(meta)
         with pytest.raises(ProtocolError, match=match):
             wire.build(buf, wire.read(buf)[2], as_torch=False)
+
+
+def test_a_named_tuple_is_one_of_the_trainer_s_classes_never_imported():
+    tree = b'{"t":"n","m":"xml.dom.minidom","q":"Gone","f":["a"],"id":1,"c":[{"t":"v","v":1}]}'
+    buf = _with_meta(b'{"tree":' + tree + b',"leaves":[]}')
+    with pytest.raises(TypeError, match=r"named tuple xml.dom.minidom.Gone\(a\) that this process does not have"):
+        wire.build(buf, wire.read(buf)[2], as_torch=False)
+    assert "xml.dom.minidom" not in sys.modules
 
 
 def test_a_kept_meta_keeps_the_start_its_read_saw():

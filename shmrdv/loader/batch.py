@@ -239,7 +239,13 @@ def _node(n: Any, views: List[np.ndarray], as_torch: bool) -> Any:
         pairs = ((k, _node(c, views, as_torch)) for k, c in zip(keys, children))
         return dict(pairs) if t == "d" else collections.OrderedDict(pairs)
     if t == "n":
-        return namedtuple_type(str(n.get("m")), str(n.get("q")))(*(_node(c, views, as_torch) for c in children))
+        module, qualname, fields, class_id = n.get("m"), n.get("q"), n.get("f"), n.get("id")
+        if not (isinstance(module, str) and isinstance(qualname, str) and isinstance(fields, list)
+                and all(isinstance(f, str) for f in fields) and len(fields) == len(children)
+                and type(class_id) is int):
+            raise ProtocolError(f"a loader batch's named tuple node is malformed: {n!r:.200}")
+        kind = namedtuple_type(module, qualname, tuple(fields), class_id)
+        return kind(*(_node(c, views, as_torch) for c in children))
     raise ProtocolError(f"a loader batch's tree has a node of unknown type {t!r:.50}")
 
 

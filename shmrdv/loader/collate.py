@@ -24,13 +24,16 @@ b     v: list of hex strings, or one;           bytes (a list or tuple of them)
 l     c: children; tuple: true                  a list (a tuple)
 d     k: keys (JSON values), c: children        a dict
 o     k, c                                      a collections.OrderedDict
-n     m: module, q: qualified name, c           that named tuple
+n     m: module, q: qualified name, f: field   that named tuple: a class of
+      names, id: the class's id() in the       the trainer's own, found by m,
+      worker, c                                q and f (``namedtuple_type``)
 ====  =======================================  ==============================
 """
 import collections
 import re
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -92,7 +95,8 @@ def _mapping_node(mapping: Any, keys: List[Any], children: List[Any]) -> Dict[st
 
 def _namedtuple_node(obj: tuple, children: List[Any]) -> Dict[str, Any]:
     kind = type(obj)
-    return {"t": "n", "m": kind.__module__, "q": kind.__qualname__, "c": children}
+    return {"t": "n", "m": kind.__module__, "q": kind.__qualname__, "f": list(kind._fields), "id": id(kind),
+            "c": children}
 
 
 def _stack(batch: Sequence[Any], leaves: List[Leaf]) -> Dict[str, Any]:
@@ -192,13 +196,65 @@ def convert(data: Any, leaves: List[Leaf], arrays_as_tensors: bool = True) -> An
                     f"and named tuples of them (nothing is pickled); convert it in __getitem__ or collate_fn")
 
 
-def namedtuple_type(module: str, qualname: str) -> Any:
-    """The named tuple class a worker named, looked up among the modules this
-    process has imported (never imported on a peer's word)."""
-    obj: Any = sys.modules.get(module)
+_NamedTupleKey = Tuple[str, str, Tuple[str, ...], int]
+_found: Dict[_NamedTupleKey, "weakref.ref[type]"] = {}  # classes found before, by what a worker said of them
+_MAX_FOUND = 256
+
+
+def namedtuple_type(module: str, qualname: str, fields: Tuple[str, ...], worker_id_of_class: int) -> Any:
+    """The named tuple class a worker named, among the classes this process
+    has made (nothing is imported or unpickled on a peer's word): a class
+    of ``module`` named ``qualname`` with these ``fields``. A class made in
+    a class body or in a function has no name to import it by; it is found
+    all the same, as a subclass of tuple. Of several such classes, the one
+    whose id() is the worker's (a worker forked from this process, or no
+    worker: the very class), else the one ``module`` has under that name
+    (pickle's choice), else the only one; the id is only compared, never
+    used as an address."""
+    key = (module, qualname, fields, worker_id_of_class)
+    ref = _found.get(key)
+    kind = ref() if ref is not None else None
+    if kind is None:
+        kind = _choose_namedtuple(module, qualname, fields, worker_id_of_class)
+        if len(_found) >= _MAX_FOUND:
+            _found.clear()
+        _found[key] = weakref.ref(kind)
+    return kind
+
+
+def _choose_namedtuple(module: str, qualname: str, fields: Tuple[str, ...], worker_id_of_class: int) -> Any:
+    # The module compared as a module where this process has it: a spawned
+    # worker runs the trainer's script as __mp_main__, which here is __main__.
+    home = sys.modules.get(module)
+
+    def named_so(kind: type) -> bool:
+        return (kind.__qualname__ == qualname and getattr(kind, "_fields", None) == fields
+                and (kind.__module__ == module or (home is not None and sys.modules.get(kind.__module__) is home)))
+
+    candidates = []
+    pending, seen = [tuple], set()
+    while pending:
+        for sub in type.__subclasses__(pending.pop()):
+            if sub not in seen:
+                seen.add(sub)
+                pending.append(sub)
+                if named_so(sub):
+                    candidates.append(sub)
+    for kind in candidates:
+        if id(kind) == worker_id_of_class:
+            return kind
+    named: Any = home
     for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    if not (isinstance(obj, type) and issubclass(obj, tuple) and hasattr(obj, "_fields")):
-        raise TypeError(f"a batch holds a named tuple {module}.{qualname} that this process does not have: "
-                        f"import {module} in the training process")
-    return obj
+        named = getattr(named, part, None)
+    for kind in candidates:
+        if kind is named:
+            return kind
+    if len(candidates) == 1:
+        return candidates[0]
+    what = f"{module}.{qualname}({', '.join(fields)})"
+    if not candidates:
+        raise TypeError(f"a batch holds a named tuple {what} that this process does not have: import {module} "
+                        f"in the training process (or, for a class made in a function, call that function there)")
+    raise TypeError(f"a batch holds a named tuple {what}, and this process has {len(candidates)} such classes, "
+                    f"none of them the worker's (a function that makes the class on each call?): make the class "
+                    f"once, at the top level of {module}")

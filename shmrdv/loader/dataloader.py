@@ -17,8 +17,10 @@ batches, of samples and of random draws is torch's):
 import itertools
 import multiprocessing
 import os
+import pickle
 import sys
 import time
+import types
 import warnings
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -85,15 +87,18 @@ class _Settings:
         self.worker_init_fn, self.shm_size = loader.worker_init_fn, loader.shm_size
         self.multiprocessing_context = loader.multiprocessing_context
         self.length = loader._length_or_none()
+        self.len_reported = loader._len_reported
 
 
 class _Arena:
     """A loader's shared memory and who uses it: its rendezvous (named
     before it exists, so that workers can start first), the generations of
     worker sets (each iterator's own keys), the producer marks they hold,
-    and the worker sets alive. ``release`` frees it all."""
+    and the worker sets alive. ``release`` frees it all, in the process
+    that made the arena only (see ``_Workers.shutdown``)."""
 
     def __init__(self) -> None:
+        self.pid = os.getpid()
         self.name = private_name()
         self.rdv: Optional[Rendezvous] = None
         self.generations = itertools.count()
@@ -115,6 +120,8 @@ class _Arena:
         return self.rdv
 
     def release(self) -> None:
+        if os.getpid() != self.pid:
+            return  # a forked child's copy: the trainer's memory, not the child's to free
         self.released = True
         for workers in list(self.workers):
             workers.shutdown()
@@ -146,6 +153,7 @@ class _Workers:
         self.procs: List[Any] = []
         self.stopped = [False] * n
         self.down = False
+        self.trainer_pid = os.getpid()
         self.arena = arena
         self.gen = next(arena.generations)
         self.task_keys = [task_key(self.gen, w) for w in range(n)]
@@ -165,7 +173,16 @@ class _Workers:
                              settings.auto_collation, settings.collate_fn, settings.drop_last, seed,
                              settings.worker_init_fn, os.getpid(), self.marks[w])
                 p = ctx.Process(target=run, args=(cfg,), name=f"shmrdv-loader-worker-{w}", daemon=True)
-                p.start()
+                try:
+                    p.start()
+                except (TypeError, AttributeError, pickle.PicklingError):
+                    method = ctx.get_start_method()
+                    if method != "fork":  # torch's warning, which users search for, with what to do
+                        warnings.warn(f"Got pickle error when starting DataLoader worker {w}: the {method!r} start "
+                                      f"method pickles what a worker starts from (the dataset, collate_fn and "
+                                      f"worker_init_fn); define them at the top level of a module, not in a "
+                                      f"function, or pass multiprocessing_context='fork'", stacklevel=4)
+                    raise
                 self.procs.append(p)
             self.rdv = arena.open(settings.shm_size)
             for mark in self.marks:
@@ -193,15 +210,23 @@ class _Workers:
     def stop(self, w: int) -> None:
         if not self.stopped[w]:
             self.stopped[w] = True
-            try:
-                self.send(w, {"stop": 1})
-            except Exception:
-                pass  # it is killed below if it does not exit
+            self._send_stop(w)
+
+    def _send_stop(self, w: int) -> None:
+        try:
+            self.send(w, {"stop": 1})
+        except Exception:
+            pass  # shutdown kills it if it does not exit
 
     def take_back_tasks(self) -> None:
         """Tasks no worker has started: taken back, so that a stop or a
-        reset is read next (not after prefetch_factor batches of work)."""
+        reset is read next (not after prefetch_factor batches of work). A
+        stop already sent (an iterable worker's, at its END) is taken back
+        with them, and sent again."""
         self._drain(tasks=True, results=False)
+        for w, stopped in enumerate(self.stopped):
+            if stopped:
+                self._send_stop(w)
 
     def _drain(self, tasks: bool, results: bool = True) -> None:
         if self.rdv is None or self.rdv.closed:
@@ -219,8 +244,11 @@ class _Workers:
         """Stop every worker (killing one that does not exit within
         ``_STOP_WAIT``), wait for them all, and free what they left queued.
         Idempotent, and complete even if interrupted (Ctrl-C) while it
-        waits; batches already delivered stay valid."""
-        if self.down:
+        waits; batches already delivered stay valid. Only in the trainer:
+        a process forked from it (a worker of another iterator) inherits
+        this object, and its garbage collector may finalize it there, where
+        these workers are not its children and their keys not its own."""
+        if self.down or os.getpid() != self.trainer_pid:
             return
         self.down = True
         try:
@@ -247,7 +275,8 @@ class _Epochs:
     with persistent workers, one serves every epoch (``reset``)."""
 
     def __init__(self, settings: _Settings, owner: _Owner) -> None:
-        self.settings, self.owner = settings, owner
+        self.settings = settings
+        self.owner: Optional[_Owner] = owner  # the loader's memory stays while this iterator may use it
         self.sampler_iter = iter(settings.index_sampler)
         self.seed = sampling.base_seed(settings.generator, settings.torch_order)
         self.workers = _Workers(settings, owner.arena, self.seed)
@@ -274,6 +303,7 @@ class _Epochs:
             except BaseException as exc:
                 raise self._failed(exc)
         self.sent = self.rcvd = 0
+        self.yielded = 0
         self.task_worker: Dict[int, int] = {}
         self.outstanding = 0
         self.active = [True] * n
@@ -335,6 +365,11 @@ class _Epochs:
                                       "batch and cannot go on (no batch is lost or repeated silently): start a "
                                       "new epoch with iter(loader)")
         self._close()
+        # The error's traceback holds this iterator's frames, and the iterator
+        # holds the error: a cycle, freed at the garbage collector's next pass.
+        # Its workers are stopped now; its hold on the loader's memory goes now
+        # too (the memory is freed here if the loader is gone).
+        self.owner = None
         return err
 
     def _check(self, deadline: Optional[float], waiting_for: List[int]) -> None:
@@ -422,7 +457,15 @@ class _Epochs:
                 self._failed(exc)
             raise
         if outcome == "error":
-            raise value
+            try:
+                raise value
+            finally:
+                # The traceback keeps this frame, which keeps the iterator: without
+                # the exception in it, that is no cycle, and dropping both stops the
+                # workers at once (not at the garbage collector's next pass).
+                value = None
+        self.yielded += 1
+        _check_reported_length(self.settings, self.yielded)
         return value
 
     def _next(self) -> Any:
@@ -480,12 +523,27 @@ class _Epochs:
             finalizer()
 
 
+def _check_reported_length(settings: _Settings, yielded: int) -> None:
+    """torch's warning when an iterable dataset yields more than the length
+    ``len(loader)`` reported (usually: every worker yields all of it)."""
+    reported = settings.len_reported
+    if reported is not None and yielded > reported:
+        hint = (" For multiprocessing data-loading, this could be caused by not properly configuring the "
+                "IterableDataset replica at each worker: give each worker its share in __iter__, by "
+                "torch.utils.data.get_worker_info() (torch's IterableDataset documentation shows how)."
+                if settings.num_workers else "")
+        warnings.warn(f"Length of IterableDataset {settings.dataset!r:.100} was reported to be {reported} (when "
+                      f"accessing len(dataloader)), but {yielded} samples have been fetched.{hint}", stacklevel=3)
+
+
 class _InProcess:
     """``num_workers=0``: batches built in the trainer's process, in the
     same order, with the same draws."""
 
     def __init__(self, settings: _Settings) -> None:
+        self.progress: Optional[Progress] = None  # first: __del__ runs even when what follows raises
         self.settings = settings
+        self.yielded = 0
         self.sampler_iter = iter(settings.index_sampler)
         sampling.base_seed(settings.generator, settings.torch_order)  # drawn by torch too: the same generator state
         cfg = Config("", 0, 0, 1, settings.dataset, settings.iterable, settings.auto_collation, settings.collate_fn,
@@ -509,6 +567,8 @@ class _InProcess:
         _kind, _task, meta = wire.read(buf)
         if self.progress is not None:
             self.progress.update(buf.nbytes)
+        self.yielded += 1
+        _check_reported_length(self.settings, self.yielded)
         return wire.build(buf, meta, self.settings.as_torch)
 
     def __del__(self) -> None:
@@ -557,6 +617,12 @@ class DataLoader:
     when tqdm is installed, a line on stderr otherwise).
     """
 
+    # DataLoader[Batch] in annotations, as torch's DataLoader (a Generic) takes it
+    __class_getitem__ = classmethod(types.GenericAlias)
+    # What an iterator's sampling is built from: fixed once the loader is made, as in torch
+    _FIXED = frozenset(("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"))
+    _initialized = False
+
     def __init__(self, dataset: Any, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None,
                  sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
                  collate_fn: Optional[Callable[[Any], Any]] = None, pin_memory: bool = False,
@@ -585,6 +651,10 @@ class DataLoader:
         if output not in ("torch", "numpy"):
             raise InvalidArgument(f"output must be 'torch' or 'numpy', got {output!r}")
         if multiprocessing_context is not None:
+            if num_workers == 0:
+                raise ValueError(f"multiprocessing_context can only be used with multi-process loading "
+                                 f"(num_workers > 0), but got num_workers={num_workers}: drop "
+                                 f"multiprocessing_context, or pass num_workers > 0")
             _context(multiprocessing_context)  # checked now, not at the first epoch
         if num_workers + 1 > MAX_PROCS or (not in_order and num_workers > _MAX_ANY_KEYS):
             raise ValueError(f"num_workers={num_workers}: a loader's shared memory serves at most {MAX_PROCS - 1} "
@@ -615,6 +685,16 @@ class DataLoader:
         self.collate_fn = None if _is_torch_default(collate_fn, self.batch_sampler is not None) else collate_fn
         self._owner = _Owner()
         self._persistent: Optional[_Epochs] = None
+        # An iterable dataset's len() once len(loader) has been asked: its
+        # iterators warn past it, as torch's do.
+        self._len_reported: Optional[int] = None
+        self._initialized = True
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        if self._initialized and attr in self._FIXED:
+            raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized: "
+                             f"make a new {type(self).__name__} with {attr}={value!r:.60}")
+        super().__setattr__(attr, value)
 
     @property
     def _auto_collation(self) -> bool:
@@ -639,6 +719,11 @@ class DataLoader:
         return self._persistent
 
     def __len__(self) -> int:
+        if self._iterable:
+            self._len_reported = len(self.dataset)
+        return self._length()
+
+    def _length(self) -> int:
         if not self._iterable:
             return len(self._index_sampler)
         length = len(self.dataset)
@@ -648,7 +733,7 @@ class DataLoader:
 
     def _length_or_none(self) -> Optional[int]:
         try:
-            return len(self)
+            return self._length()
         except TypeError:
             return None
 
