@@ -8,6 +8,7 @@ report of this run's figures and ratios."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import uuid
 from collections.abc import Iterator
 from types import ModuleType
@@ -160,10 +161,15 @@ def report(pytestconfig: pytest.Config) -> list[str]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Within each module, the benchmarks that use a peer run transport by
+    """Every benchmark is slow (pytest -m 'not slow' leaves them out).
+    Within each module, the benchmarks that use a peer run transport by
     transport (in the order transports first appear), so each transport's
     child is spawned once per module and released before the next one's
     (see ``Peers``). Other benchmarks keep their place."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if Path(str(item.fspath)).resolve().parent == here:
+            item.add_marker(pytest.mark.slow)
     start = 0
     while start < len(items):
         end = start

@@ -1,4 +1,4 @@
-"""MkDocs hook: drop the markers that tell tests/test_readme.py how to run a
+"""MkDocs hook: drop the markers that tell tests/docs/test_readme.py how to run a
 code block (``<!-- readme-test: ... -->``, one line each), so that they reach
 neither the rendered pages nor the search index."""
 import re

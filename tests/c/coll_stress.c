@@ -1,5 +1,5 @@
 /* Multi-process stress test of the collectives (rdv_coll.c), built with
- * -fsanitize=address,undefined by tests/test_c_coll.py.
+ * -fsanitize=address,undefined by tests/c/test_c_coll.py.
  *
  * The parent creates each group's segment (shm_open O_CREAT | O_EXCL, 0600,
  * named after its pid) and forks the ranks: rank 0 creates the group

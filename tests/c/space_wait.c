@@ -1,6 +1,6 @@
 /* Producers waiting for arena space are woken by every free that makes room:
  * no lost wake-ups. Built with -fsanitize=address,undefined by
- * tests/test_space_wait.py.
+ * tests/core/test_space_wait.py.
  *
  * The arena holds exactly SLOTS blocks of one size. PRODUCERS processes send
  * MESSAGES messages each with no timeout at all (a lost wake-up hangs them

@@ -1,5 +1,5 @@
 /* Multi-process stress test of the C core, built with
- * -fsanitize=address,undefined by tests/test_c_core.py.
+ * -fsanitize=address,undefined by tests/c/test_c_core.py.
  *
  * PRODUCERS processes send MESSAGES messages each, of random sizes, over KEYS
  * keys round-robin; CONSUMERS processes split the keys among themselves and

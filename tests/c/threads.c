@@ -1,4 +1,4 @@
-/* Threads of one process sharing one handle, built by tests/test_c_core.py
+/* Threads of one process sharing one handle, built by tests/c/test_c_core.py
  * under AddressSanitizer and UBSan and under ThreadSanitizer.
  *
  * What a handle keeps per process, its threads share: the pool of waiter

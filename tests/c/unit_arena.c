@@ -2,7 +2,7 @@
  * program links rdv_os.c rdv_wait.c rdv_segment.c rdv_live.c rdv_lock.c
  * rdv_arena.c and nothing above them (no recovery, no queues, no index),
  * so that the link itself shows the arena stands on its lower layers.
- * Built with -fsanitize=address,undefined by tests/test_c_units.py.
+ * Built with -fsanitize=address,undefined by tests/c/test_c_units.py.
  *
  * The segment lives on a memfd (nothing in /dev/shm). Liveness is faked
  * through the handle's rdv_ops: a table the test controls says who is

@@ -1,7 +1,7 @@
 /* Unit tests of the key index (csrc/rdv_index.c) on its own layers only:
  * this program links rdv_os.c rdv_wait.c rdv_segment.c rdv_live.c
  * rdv_lock.c rdv_index.c and nothing above them. Built with
- * -fsanitize=address,undefined by tests/test_c_units.py. The segment lives
+ * -fsanitize=address,undefined by tests/c/test_c_units.py. The segment lives
  * on a memfd; liveness is faked through the handle's rdv_ops.
  *
  *   the key hash as the segment format defines it (a reference written
