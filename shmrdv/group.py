@@ -41,10 +41,12 @@ moment before its name goes)  count is full): removes the name and raises
 
 So a conflict among processes that claim one job ends that join on every
 rank, never in a mixed group; a process of another job can neither join
-nor stop it. Without ``job=``, the name alone says which job a process is
-of: two jobs that meet while joining fail alike, but a rank of one can
+nor stop it. Without ``job=``, a launcher's job id is the token
+(``launcher_job()``); with neither, the name alone says which job a process
+is of: two jobs that meet while joining fail alike, but a rank of one can
 also complete the other's group before they meet (both then compute on a
-mix); jobs that may share a name at once must pass distinct ``job=``.
+mix); jobs started by hand that may share a name at once must pass
+distinct ``job=`` (or ``SHMRDV_JOB``).
 """
 import errno
 import hashlib
@@ -194,6 +196,25 @@ def remove_group(name: str, force: bool = False) -> List[int]:
     return live
 
 
+# Where the launchers people use put an id their job's processes share and
+# no other job has: a Group made without job= takes the first one set.
+LAUNCHER_JOB_VARIABLES = ("SHMRDV_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PMIX_NAMESPACE",
+                          "OMPI_MCA_orte_ess_jobid")
+
+
+def launcher_job() -> Optional[str]:
+    """The job id a launcher gave this process (``LAUNCHER_JOB_VARIABLES``:
+    ``SHMRDV_JOB``, torchrun's run id, Slurm's job and step, Open MPI's
+    PMIx namespace), or None when none is set."""
+    for variable in LAUNCHER_JOB_VARIABLES:
+        value = os.environ.get(variable)
+        if value:
+            if variable == "SLURM_JOB_ID":
+                value += "." + os.environ.get("SLURM_STEP_ID", "")
+            return f"{variable}={value}"
+    return None
+
+
 def _job_token(job: Optional[str]) -> bytes:
     """The RDV_COLL_JOB_BYTES a segment's header holds for job: a digest,
     all zero for none."""
@@ -238,8 +259,11 @@ class Group:
     ``job``: a token the ranks of one job share and no other job uses (a
     launcher's run id, or any string handed to every rank): processes with
     another token never join this group nor disturb its join, they wait for
-    the name to be free. Without it the name alone says which processes
-    belong together (see the module's table). ``Group()`` blocks until all
+    the name to be free. Without it, the id a launcher gave the process is
+    the token (``SHMRDV_JOB``, torchrun's ``TORCHELASTIC_RUN_ID``, Slurm's
+    job and step, Open MPI's PMIx namespace: ``launcher_job()``); with
+    none of those, the name alone says which processes belong together (see
+    the module's table). ``Group()`` blocks until all
     ``world_size`` ranks have joined; a process of this job that conflicts
     with the join (another ``world_size``, a rank already taken, a second
     rank 0) makes every member's ``Group()`` raise within a tenth of a
@@ -269,8 +293,8 @@ class Group:
             raise InvalidArgument(f"rank must be in [0, world_size) = [0, {world_size}), got {rank}")
         self._rank = rank
         self._world = world_size
-        self._job = job
-        self._job_token = _job_token(job)
+        self._job = launcher_job() if job is None else job
+        self._job_token = _job_token(self._job)
         self._holder = 0  # the pid the last attempt to join found holding what it needed, for messages
         self._timeout = timeout
         self._timeout_ns = _timeout_ns(timeout)

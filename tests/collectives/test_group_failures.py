@@ -772,15 +772,21 @@ def test_a_rank_that_comes_after_the_group_formed_cannot_disturb_it(procs):
     procs.join()
 
 
-def test_two_jobs_with_one_name_and_their_own_job_tokens_form_two_groups(procs):
+@pytest.mark.parametrize("token", ["job=", "launcher"])
+def test_two_jobs_with_one_name_and_their_own_job_tokens_form_two_groups(procs, token):
     """The issue's mix: job A's ranks 0 and 1 join; job B's ranks 2, 0 and 1
     come, then A's rank 2. Without a token, B's rank 2 completed A's group
-    and A's rank 2 joined B's next one. With job= tokens, B's ranks wait
-    while A's group forms, then form their own: each job sums its own."""
+    and A's rank 2 joined B's next one. With job= tokens, or the job ids
+    their launcher gave them (here SHMRDV_JOB), B's ranks wait while A's
+    group forms, then form their own: each job sums its own."""
     W, name = 3, new_name("jobs")
 
     def rank_main(conn, job, rank):
-        joined = attempt(shmrdv.Group, name, rank, W, timeout=20, job=job)
+        if token == "launcher":
+            os.environ["SHMRDV_JOB"] = job
+            joined = attempt(shmrdv.Group, name, rank, W, timeout=20)
+        else:
+            joined = attempt(shmrdv.Group, name, rank, W, timeout=20, job=job)
         if "ok" not in joined:
             conn.send(joined)
             return
