@@ -28,7 +28,7 @@ import pytest
 
 import shmrdv
 import shmrdv.cli
-from tests.conftest import child_processes
+from tests.conftest import child_processes, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -795,10 +795,7 @@ def test_two_jobs_with_one_name_and_their_own_job_tokens_form_two_groups(procs, 
 
     for r in (0, 1):
         procs.start(("A", r), rank_main, "A", r)
-    deadline = time.monotonic() + 10
-    while not (holds_its_slot(name, 0) and holds_its_slot(name, 1)):
-        assert time.monotonic() < deadline, "A's ranks did not join"
-        time.sleep(0.01)
+    wait_for(lambda: holds_its_slot(name, 0) and holds_its_slot(name, 1), "A's ranks 0 and 1 to join", 10)
     for r in (2, 0, 1):
         procs.start(("B", r), rank_main, "B", r)
         time.sleep(0.1)
@@ -828,10 +825,7 @@ def test_two_jobs_with_one_name_that_meet_while_joining_both_fail(procs):
 
     for r in (0, 1):
         procs.start(("A", r), rank_main, "A", r, 10)
-    deadline = time.monotonic() + 10
-    while not (holds_its_slot(name, 0) and holds_its_slot(name, 1)):
-        assert time.monotonic() < deadline, "A's ranks did not join"
-        time.sleep(0.01)
+    wait_for(lambda: holds_its_slot(name, 0) and holds_its_slot(name, 1), "A's ranks 0 and 1 to join", 10)
     procs.start(("B", 0), rank_main, "B", 0, 10)
     b0 = procs.get(("B", 0))
     assert_raised(b0, "RendezvousError", "created it as rank 0 already", "pass each its own job=")
