@@ -1,31 +1,31 @@
-"""``shmrdv ls``: every rendezvous segment on this machine, its size and use
+"""``shmrdv ls [--dir DIR]``: every named rendezvous segment in DIR, its size and use
 (live bytes and blocks, free bytes, the largest free block),
 and the processes attached to it, alive or dead. Looking attaches, and
 attaching reclaims what dead processes held: those show as "dead, reclaimed"."""
 import argparse
 import os
 
-from ..rendezvous import Rendezvous
-from ..segments import segment_names, segment_path
+from ..segments import segment_dir, segment_names, segment_path
 from ..units import human_bytes
-from ._common import SEGMENT_ERRORS, describe, others
+from ._common import SEGMENT_ERRORS, add_dir_argument, attach, describe, others
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """No options: lists every /dev/shm/shmrdv-* segment."""
+    """``--dir DIR``: lists every DIR/shmrdv-* segment (default: $SHMRDV_DIR, else /dev/shm)."""
+    add_dir_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    names = segment_names()
+    names = segment_names(args.dir)
     if not names:
-        print("no shmrdv segments in /dev/shm")
+        print(f"no shmrdv segments in {segment_dir(args.dir)}")
         return 0
     print(f"{'NAME':<32} {'FILE':>10} {'ARENA':>10} {'LIVE':>10} {'BLOCKS':>7} {'FREE':>10} {'LARGEST':>10} "
           f"{'PENDING':>8} {'KEYS':>6}  PROCESSES")
     for name in names:
         try:
-            size = os.path.getsize(segment_path(name))
-            with Rendezvous(name, create=False) as rdv:
+            size = os.path.getsize(segment_path(name, args.dir))
+            with attach(name, args.dir) as rdv:
                 st, procs, dead = rdv.stats(), others(rdv.processes(), os.getpid()), rdv.reclaimed_pids()
         except SEGMENT_ERRORS as exc:
             print(f"{name:<32} unreadable: {describe(exc)}")
