@@ -274,6 +274,34 @@ def segment_names(dir: Optional[str] = None) -> List[str]:
     return sorted(name for name in names if private_pid(name) is None)
 
 
+def private_holders() -> Dict[str, List[int]]:
+    """This user's private rendezvous that live processes have open (each
+    attached handle keeps a descriptor of its own), from /proc: name ->
+    the pids that hold a descriptor of it, sorted. Processes this user may
+    not look into are passed by."""
+    prefix, suffix = f"/memfd:{_FILE_PREFIX}", " (deleted)"
+    found: Dict[str, set] = {}
+    try:
+        pids = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return {}
+    for pid in pids:
+        try:
+            entries = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # gone, or not ours to look into
+        for entry in entries:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{entry}")
+            except OSError:
+                continue
+            if target.startswith(prefix) and target.endswith(suffix):
+                name = target[len(prefix) : -len(suffix)]
+                if private_pid(name) is not None:
+                    found.setdefault(name, set()).add(pid)
+    return {name: sorted(holders) for name, holders in sorted(found.items())}
+
+
 def segment_path(name: str, dir: Optional[str] = None) -> str:
     """The file of named rendezvous ``name`` in ``dir`` (see segment_dir)."""
     return os.path.join(segment_dir(dir), _FILE_PREFIX + name)

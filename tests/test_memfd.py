@@ -285,3 +285,25 @@ def test_huge_pages_on_a_private_rendezvous_follow_shmem_enabled():
     else:
         with pytest.raises(shmrdv.HugePagesUnavailable, match="shmem_enabled"):
             shmrdv.Rendezvous(size=4 << 20, huge_pages=True)
+
+
+def test_shmrdv_ls_shows_private_rendezvous_and_who_holds_them():
+    rdv = shmrdv.Rendezvous(size=MiB)
+    name = rdv.name
+    rdv.send("k", np.arange(3))
+    child = attached_child(name)
+    try:
+        ls = subprocess.run([sys.executable, "-m", "shmrdv", "ls"], capture_output=True, text=True, timeout=60)
+        line = next(line for line in ls.stdout.splitlines() if line.startswith(name))
+        assert f"PRIVATE (memory of process {os.getpid()})" in line and str(child.pid) in line, line
+        assert " 1 MiB " in line, line  # its arena
+        rdv.close()
+        ls = subprocess.run([sys.executable, "-m", "shmrdv", "ls"], capture_output=True, text=True, timeout=60)
+        line = next(line for line in ls.stdout.splitlines() if line.startswith(name))
+        assert f"closed by its creator (process {os.getpid()}): still held by {child.pid}" in line, line
+    finally:
+        rdv.close()
+        child.kill()
+        child.wait()
+    ls = subprocess.run([sys.executable, "-m", "shmrdv", "ls"], capture_output=True, text=True, timeout=60)
+    assert name not in ls.stdout
