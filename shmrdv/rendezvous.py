@@ -80,8 +80,9 @@ class Rendezvous(Receiving, Awaiting, fast.Handle):
     the file ``DIR/shmrdv-NAME``, mode 0600, and lives until ``unlink()``:
     messages survive the processes that sent them. DIR is ``dir`` (an
     absolute path), else the environment variable ``SHMRDV_DIR``, else
-    ``/dev/shm``: any tmpfs (``shmrdv ls --dir DIR`` or the same variable
-    shows it); those who meet by a name must use the same one. A create that
+    ``/dev/shm``: any tmpfs, or a hugetlbfs (the file then takes whole
+    huge pages, in every process); ``shmrdv ls --dir DIR`` or the same
+    variable shows it. Those who meet by a name must use the same DIR. A create that
     DIR has no room for raises ``SharedMemoryFull`` naming what it needs,
     what fits and where to find room, rather than making a smaller arena than
     asked for: a container's default 64 MiB ``/dev/shm`` cannot hold the

@@ -7,7 +7,7 @@ Two kinds, told apart by the name:
 
 * A named rendezvous is a file, ``DIR/shmrdv-NAME``, mode 0600, in the
   directory ``dir=`` names, else ``$SHMRDV_DIR``, else ``/dev/shm`` (any
-  tmpfs: its messages outlive every process, until ``unlink``).
+  tmpfs or hugetlbfs: its messages outlive every process, until ``unlink``).
   Unrelated processes of this user meet there by name.
 * A name of ``private_name()``'s form (``private-PID-HEX``) is a sealed
   memfd of process PID, bound to no mount (a 64 MiB container ``/dev/shm``
@@ -164,7 +164,9 @@ def no_space_error(what: str, arena: int, max_keys: Optional[int], size_word: st
 
     try:
         st = os.statvfs(where)
-        free: Optional[int] = st.f_bavail * st.f_frsize
+        # no size: a tmpfs mounted size=0, a hugetlbfs without size= (which
+        # has what /proc/meminfo's HugePages_Free says)
+        free: Optional[int] = st.f_bavail * st.f_frsize if st.f_blocks else None
     except OSError:
         free = None
     if free is None:

@@ -144,3 +144,55 @@ def test_a_create_made_with_a_umask_is_still_0600(shm_subdir, rdv_name):
             shmrdv.Rendezvous(rdv_name, create=False, dir=shm_subdir).close()
     finally:
         os.umask(old)
+
+
+HUGETLBFS = """
+    import os, subprocess, sys, numpy as np, shmrdv
+    d = sys.argv[1]
+    with shmrdv.Rendezvous("huge", size=16 << 20, dir=d) as rdv:
+        size = os.stat(os.path.join(d, "shmrdv-huge")).st_size
+        print("FILE", size % (2 << 20) == 0 and size >= 16 << 20)
+        child = subprocess.run([sys.executable, "-c", "import sys, numpy as np, shmrdv; "
+                                "shmrdv.Rendezvous('huge', create=False, dir=sys.argv[1]).send('k', np.ones(1 << 20))", d])
+        print("CHILD", child.returncode, float(rdv.recv("k", timeout=10).sum()))
+        with open("/proc/self/smaps") as smaps:
+            print("HUGETLB", any(line.split()[0] in ("Shared_Hugetlb:", "Private_Hugetlb:") and line.split()[1] != "0"
+                                 for line in smaps))
+        rdv.unlink()
+    print("LEFT", os.listdir(d))
+    """
+
+
+def test_a_named_rendezvous_on_hugetlbfs(tmp_path):
+    """Its file is sized in whole huge pages, which every process maps. Needs
+    root (a hugetlbfs mounted in a mount namespace of its own, 16 huge pages
+    reserved for the test and given back)."""
+    import textwrap
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None or not os.path.exists("/proc/sys/vm/nr_hugepages"):
+        pytest.skip("needs root, unshare(1) and huge pages in the kernel")
+    with open("/proc/sys/vm/nr_hugepages") as f:
+        before = int(f.read())
+    with open("/proc/meminfo") as f:
+        page = next(int(line.split()[1]) for line in f if line.startswith("Hugepagesize:")) * 1024
+    if page != 2 << 20:
+        pytest.skip(f"huge pages of {page} bytes here; the test sizes for 2 MiB")
+    mount_point = tmp_path / "huge"
+    mount_point.mkdir(mode=0o700)
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(HUGETLBFS))
+    try:
+        with open("/proc/sys/vm/nr_hugepages", "w") as f:
+            f.write(str(before + 16))
+        with open("/proc/meminfo") as f:
+            if next(int(line.split()[1]) for line in f if line.startswith("HugePages_Free:")) < 10:
+                pytest.skip("the kernel could not reserve 10 huge pages")
+        run = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                              f"mount -t hugetlbfs -o mode=0700 none {mount_point} && {sys.executable} {script} "
+                              f"{mount_point}"], capture_output=True, text=True, timeout=60)
+    finally:
+        with open("/proc/sys/vm/nr_hugepages", "w") as f:
+            f.write(str(before))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "FILE True" in run.stdout and f"CHILD 0 {float(1 << 20)}" in run.stdout, run.stdout
+    assert "HUGETLB True" in run.stdout and "LEFT []" in run.stdout, run.stdout
