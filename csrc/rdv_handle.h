@@ -28,6 +28,7 @@ struct rdv_ops {
 struct rdv {
     uint8_t *base;      /* segment mapping */
     size_t map_len;
+    uint64_t map_page;  /* the unit the mapping is cut in: RDV_PAGE, or a hugetlbfs file's huge page */
     struct rdv_header *khdr;
     struct rdv_slot *kslots;
     struct rdv_proc *kprocs;

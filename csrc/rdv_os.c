@@ -12,6 +12,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -142,6 +143,17 @@ int rdv_file_reserve(int fd, uint64_t len) {
 int64_t rdv_file_size(int fd) {
     struct stat st;
     return fstat(fd, &st) < 0 ? -errno : (int64_t)st.st_size;
+}
+
+#ifndef HUGETLBFS_MAGIC
+#define HUGETLBFS_MAGIC 0x958458f6 /* linux/magic.h */
+#endif
+
+uint64_t rdv_file_huge_page(int fd) {
+    struct statfs fs;
+    if (fstatfs(fd, &fs) < 0 || fs.f_type != HUGETLBFS_MAGIC || fs.f_bsize <= 0)
+        return 0;
+    return (uint64_t)fs.f_bsize;
 }
 
 #ifndef MADV_POPULATE_READ

@@ -41,6 +41,9 @@ int rdv_file_resize(int fd, uint64_t len);
 int rdv_file_allocate(int fd, uint64_t len);
 /* fd's size, or -errno. */
 int64_t rdv_file_size(int fd);
+/* The huge page size of a file on hugetlbfs, whose files are sized,
+ * mapped and unmapped in whole huge pages only; 0 for any other file. */
+uint64_t rdv_file_huge_page(int fd);
 /* Map len bytes of fd at offset 0, shared, read-write. How, in bits:
  * RDV_MAP_FRESH: the file was just reserved and no page of it touched yet
  * (creation), which changes how pages are best faulted in;

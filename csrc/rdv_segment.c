@@ -14,7 +14,15 @@ struct layout {
     uint32_t flags; /* RDV_CREATE_*, as the header's seg_flags */
 };
 
-static void plan(struct layout *l, uint64_t arena_size, uint64_t slots) {
+/* The unit a segment file is sized and mapped in: a page, or on hugetlbfs
+ * a huge page (its files take no other sizes, and a mapping of one can
+ * only be cut at a huge page's edge). */
+static uint64_t file_page(int fd) {
+    uint64_t huge = rdv_file_huge_page(fd);
+    return huge > RDV_PAGE ? huge : RDV_PAGE;
+}
+
+static void plan(struct layout *l, uint64_t arena_size, uint64_t slots, uint64_t page) {
     l->slots = slots;
     l->arena_size = arena_size;
     l->procs_off = RDV_HEADER_BYTES;
@@ -22,13 +30,16 @@ static void plan(struct layout *l, uint64_t arena_size, uint64_t slots) {
     l->side_off = l->index_off + round_up(slots * sizeof(struct rdv_slot), RDV_PAGE);
     l->arena_off = l->side_off + round_up(arena_size / RDV_GRANULE * 4, RDV_PAGE);
     /* then the home slabs of waiter records, one per process entry: a
-     * handle's first waits need no arena space (rdv_waiter.c) */
-    l->total = l->arena_off + arena_size + (uint64_t)RDV_MAX_PROCS * RDV_SLAB_GRANULES * RDV_GRANULE;
+     * handle's first waits need no arena space (rdv_waiter.c); on hugetlbfs
+     * the last huge page's tail is left unused (a multiple of RDV_PAGE
+     * already otherwise) */
+    l->total = round_up(l->arena_off + arena_size + (uint64_t)RDV_MAX_PROCS * RDV_SLAB_GRANULES * RDV_GRANULE, page);
 }
 
 /* ---- a segment truncated under us ----------------------------------------------
- * Another process of the same user may ftruncate a segment while it is
- * mapped (nothing can prevent it: shared-memory files take no seals). A
+ * Another process of the same user may ftruncate a named segment's file
+ * while it is mapped (nothing can prevent it: files in /dev/shm take no
+ * seals; a private rendezvous' memfd is sealed, shmrdv/segments.py). A
  * later access past the new end faults with SIGBUS. We survive it: the
  * fault's page to the end of the mapping becomes private zero pages, the
  * access is retried, and the handle is marked damaged, so its calls fail
@@ -41,6 +52,7 @@ static void plan(struct layout *l, uint64_t arena_size, uint64_t slots) {
 static struct mapped_range {
     uintptr_t base; /* 0: unused; published last (release), cleared first */
     uintptr_t end;
+    uintptr_t page; /* the unit its mapping can be cut in (file_page) */
     uint32_t *damaged;
 } mapped_ranges[RDV_MAX_MAPPED];
 
@@ -48,15 +60,16 @@ static int claim_fault(void *addr) {
     uintptr_t a = (uintptr_t)addr;
     for (int i = 0; i < RDV_MAX_MAPPED; i++) {
         struct mapped_range *r = &mapped_ranges[i];
-        /* acquire: pairs with the release in watch_range, so end and
-         * damaged are the range's */
+        /* acquire: pairs with the release in watch_range, so end, damaged
+         * and page are the range's */
         uintptr_t base = smp_load_acquire(&r->base);
         uintptr_t end = READ_ONCE(r->end); /* relaxed: ordered by the acquire above */
         uint32_t *damaged = READ_ONCE(r->damaged); /* relaxed: as end */
+        uintptr_t page = READ_ONCE(r->page); /* relaxed: as end */
         /* acquire: base again, so end and damaged were not an entry reused under us */
         if (base == 0 || a < base || a >= end || smp_load_acquire(&r->base) != base)
             continue;
-        uintptr_t from = a & ~(uintptr_t)(RDV_PAGE - 1);
+        uintptr_t from = a & ~(page - 1); /* a hugetlbfs mapping is cut at a huge page's edge only */
         if (rdv_map_zeros((void *)from, end - from) < 0)
             return 0;
         WRITE_ONCE(*damaged, 1); /* relaxed: read by this process's calls, any thread */
@@ -74,7 +87,8 @@ static void watch_range(rdv_t *h) {
         if (!rdv_cas(&mapped_ranges[i].end, &none, (uintptr_t)h->base + h->map_len, __ATOMIC_ACQUIRE))
             continue;
         WRITE_ONCE(mapped_ranges[i].damaged, &h->damaged); /* relaxed: published by the release below */
-        /* release: end and damaged before the handler can match base */
+        WRITE_ONCE(mapped_ranges[i].page, (uintptr_t)h->map_page); /* relaxed: as damaged */
+        /* release: end, damaged and page before the handler can match base */
         smp_store_release(&mapped_ranges[i].base, (uintptr_t)h->base);
         return;
     }
@@ -99,7 +113,7 @@ static int both_page_flags(uint32_t flags) {
     return (flags & RDV_CREATE_HUGE_PAGES) && (flags & RDV_CREATE_NO_PREFAULT);
 }
 
-static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
+static int map_segment(int fd, const struct layout *l, uint64_t page, int fresh, rdv_t **out) {
     int err = 0;
     unsigned how = (fresh ? RDV_MAP_FRESH : 0) | (l->flags & RDV_CREATE_HUGE_PAGES ? RDV_MAP_HUGE : 0) |
                    (l->flags & RDV_CREATE_NO_PREFAULT ? RDV_MAP_NO_PREFAULT : 0);
@@ -113,6 +127,7 @@ static int map_segment(int fd, const struct layout *l, int fresh, rdv_t **out) {
     }
     h->base = base;
     h->map_len = l->total;
+    h->map_page = page;
     h->khdr = (struct rdv_header *)base;
     h->kslots = (struct rdv_slot *)(base + l->index_off);
     h->kprocs = (struct rdv_proc *)(base + l->procs_off);
@@ -208,24 +223,25 @@ static int validate_state(rdv_t *h) {
 }
 
 /* The layout of a new segment: 0, or -EINVAL for sizes it cannot have. */
-static int plan_new(struct layout *l, uint64_t arena_size, uint64_t max_keys) {
+static int plan_new(struct layout *l, uint64_t arena_size, uint64_t max_keys, uint64_t page) {
     if (arena_size == 0 || arena_size > RDV_MAX_ARENA || max_keys == 0 || max_keys > RDV_MAX_KEYS)
         return -EINVAL;
     uint64_t slots = 64;
     while (slots < 2 * max_keys) /* load factor at most 1/2 */
         slots *= 2;
-    plan(l, round_up(arena_size, RDV_PAGE), slots);
+    plan(l, round_up(arena_size, RDV_PAGE), slots, page);
     return 0;
 }
 
 uint64_t rdv_segment_bytes(uint64_t arena_size, uint64_t max_keys) {
     struct layout l;
-    return plan_new(&l, arena_size, max_keys) < 0 ? 0 : l.total;
+    return plan_new(&l, arena_size, max_keys, RDV_PAGE) < 0 ? 0 : l.total;
 }
 
 int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, uint32_t flags, rdv_t **out) {
     struct layout l;
-    if ((flags & ~KNOWN_FLAGS) || both_page_flags(flags) || plan_new(&l, arena_size, max_keys) < 0)
+    uint64_t page = file_page(fd);
+    if ((flags & ~KNOWN_FLAGS) || both_page_flags(flags) || plan_new(&l, arena_size, max_keys, page) < 0)
         return -EINVAL;
     l.flags = flags;
     /* Held until rdv_segment_publish, or dropped with the caller's file
@@ -242,7 +258,7 @@ int rdv_segment_create(int fd, uint64_t arena_size, uint64_t max_keys, uint32_t 
     rc = huge ? rdv_file_resize(fd, l.total) : rdv_file_reserve(fd, l.total);
     if (rc < 0)
         return rc;
-    rc = map_segment(fd, &l, 1, out);
+    rc = map_segment(fd, &l, page, 1, out);
     if (rc < 0)
         return rc;
     if (huge && (rc = rdv_file_allocate(fd, l.total)) < 0) {
@@ -275,7 +291,8 @@ void rdv_segment_publish(rdv_t *h, int fd) {
 }
 
 /* Check a header read from an untrusted file against the layout it claims. */
-static int validate(const struct rdv_header *khdr, uint64_t file_size, int creating, struct layout *l) {
+static int validate(const struct rdv_header *khdr, uint64_t file_size, int creating, uint64_t page,
+                    struct layout *l) {
     /* acquire: pairs with the creator's release store of magic */
     uint64_t magic = smp_load_acquire(&khdr->magic);
     if (magic == 0)
@@ -293,7 +310,7 @@ static int validate(const struct rdv_header *khdr, uint64_t file_size, int creat
         return -EPROTONOSUPPORT; /* made with options this build does not know */
     if (both_page_flags(khdr->seg_flags))
         return -EBADMSG;
-    plan(l, arena, slots);
+    plan(l, arena, slots, page);
     l->flags = khdr->seg_flags; /* a constant: attachers map it as its creator did */
     if (khdr->index_off != l->index_off || khdr->side_off != l->side_off ||
         khdr->arena_off != l->arena_off || khdr->total_size != l->total)
@@ -318,16 +335,18 @@ int rdv_segment_attach(int fd, rdv_t **out) {
         return -EPROTO;
     int err = 0;
     /* identity and version sit in line 0, and an old layout's header may
-     * be one page: read the first page only */
-    const struct rdv_header *khdr = rdv_map_readonly(fd, RDV_PAGE, &err);
+     * be one page: read the first page only (a whole huge page's mapping
+     * on hugetlbfs, which unmaps in no smaller unit) */
+    uint64_t page = file_page(fd);
+    const struct rdv_header *khdr = rdv_map_readonly(fd, page, &err);
     if (!khdr)
         return err;
     struct layout l;
-    int rc = validate(khdr, (uint64_t)size, creating, &l);
-    rdv_unmap(khdr, RDV_PAGE);
+    int rc = validate(khdr, (uint64_t)size, creating, page, &l);
+    rdv_unmap(khdr, page);
     if (rc < 0)
         return rc;
-    rc = map_segment(fd, &l, 0, out);
+    rc = map_segment(fd, &l, page, 0, out);
     if (rc < 0)
         return rc;
     rc = validate_state(*out);

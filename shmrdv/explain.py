@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from .errors import RendezvousError
 from .forms import block_bytes, round_up
-from .segments import MAX_SIZE, PAGE
+from .segments import MAX_SIZE, PAGE, private_pid
 
 
 def wait_message(rdv: Any, what: str, timeout: Optional[float], code: int) -> Optional[str]:
@@ -26,7 +26,12 @@ def wait_message(rdv: Any, what: str, timeout: Optional[float], code: int) -> Op
 
 def _constructor(rdv: Any, size: int) -> str:
     """How to make a rendezvous like this one with another size, for messages."""
-    return f"Rendezvous(size={size})" if rdv.private else f"Rendezvous({rdv.name!r}, size={size})"
+    return f"Rendezvous(size={size})" if _private(rdv) else f"Rendezvous({rdv.name!r}, size={size})"
+
+
+def _private(rdv: Any) -> bool:
+    """Whether rdv is a private rendezvous (its creator's handle, or another's)."""
+    return private_pid(rdv.name) is not None
 
 
 def space_message(rdv: Any, what: str, key_len: int, ndim: int, nbytes: int, timeout: Optional[float], code: int) -> Optional[str]:
@@ -40,7 +45,7 @@ def space_message(rdv: Any, what: str, key_len: int, ndim: int, nbytes: int, tim
         size = round_up(block, PAGE)
         if size > MAX_SIZE:
             return f"{needs}; no rendezvous can hold it either (at most size={MAX_SIZE}, about 64 GiB): send it in parts"
-        remove = "" if rdv.private else f" (remove this one first: shmrdv rm {rdv.name})"
+        remove = "" if _private(rdv) else f" (remove this one first: shmrdv rm {rdv.name})"
         return (f"{needs}; create the rendezvous with room for it{remove}: {_constructor(rdv, size)} "
                 f"holds one such message, a larger size several at once")
     if code != errno.ETIMEDOUT:

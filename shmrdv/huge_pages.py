@@ -1,7 +1,9 @@
 """Huge pages for a rendezvous: what this machine offers, and how much of a
 mapping got them.
 
-A segment is a file in ``/dev/shm``, a tmpfs. tmpfs gives transparent huge
+A named rendezvous is a file in a tmpfs (``/dev/shm``, or the directory
+``dir=`` names), a private one a memfd (the kernel's own tmpfs, set by
+``shmem_enabled`` below). tmpfs gives transparent huge
 pages (2 MiB) when the mount says so (``huge=always``, ``within_size``, or
 ``advise`` with ``MADV_HUGEPAGE``, which the core gives every mapping of a
 segment created with ``huge_pages=True``), or when
@@ -63,11 +65,19 @@ def _mount_huge(directory: str) -> Optional[str]:
     return option if fstype == "tmpfs" else None
 
 
-def offered(directory: str = SHM_DIR) -> Offer:
-    """What creating a segment with huge pages would get on this machine."""
+def offered(directory: Optional[str] = SHM_DIR) -> Offer:
+    """What creating a segment with huge pages would get on this machine:
+    a file in ``directory``, or (None) a private rendezvous' memfd."""
     if not os.path.isdir(_THP):
         return Offer(False, "this kernel has no transparent huge pages (no /sys/kernel/mm/transparent_hugepage)")
     forced = _selected(os.path.join(_THP, "shmem_enabled"))
+    if directory is None:
+        if forced in _GIVES + ("force",):
+            return Offer(True, f"{_THP}/shmem_enabled is {forced!r}")
+        return Offer(False, f"a private rendezvous is a memfd, which gets huge pages as {_THP}/shmem_enabled says, "
+                            f"and it says {forced!r}. An administrator can turn them on (echo advise > "
+                            f"{_THP}/shmem_enabled), or create a named rendezvous in a tmpfs mounted "
+                            f"huge=within_size (dir=)")
     if forced == "deny":
         return Offer(False, f"{_THP}/shmem_enabled is 'deny': no tmpfs gets huge pages")
     if forced == "force":

@@ -1,4 +1,4 @@
-"""``Rendezvous``: send and receive numpy tensors by key through one POSIX
+"""``Rendezvous``: send and receive numpy tensors by key through one
 shared-memory segment shared by every process that opens the same name.
 
 The class holds the handle's life (open, close, fork), sending and
@@ -26,7 +26,8 @@ from .errors import InvalidArgument, InvalidType, RendezvousError, SegmentMismat
 from .marks import Mark, checked_mark, mark_index
 from .receiving import Receiving
 from .segments import (DEFAULT_SIZE, OPEN_TIMEOUT, arena_size, check_attached, checked_name, default_max_keys,
-                       open_segment, private_name, private_pid, sweep_dead_private, unlink_private, unlink_segment)
+                       open_segment, private_name, private_pid, segment_dir, sweep_dead_private, unlink_private,
+                       unlink_segment)
 from .stats import KeyInfo, ProcessInfo, Stats, read_keys, read_processes, read_stats
 from .tensors import check_as_torch
 from .waits import FIRST_SLICE_NS, blocking, keep_waiting, time_left
@@ -76,8 +77,18 @@ class Rendezvous(Receiving, Awaiting, fast.Handle):
     is how many keys may be live at once (default scales with size). Both
     only apply when creating: attaching with a ``size`` or ``max_keys`` the
     existing segment does not have raises ``SegmentMismatch``. The segment is
-    created mode 0600 as ``/dev/shm/shmrdv-NAME`` and lives until
-    ``unlink()``: messages survive the processes that sent them.
+    the file ``DIR/shmrdv-NAME``, mode 0600, and lives until ``unlink()``:
+    messages survive the processes that sent them. DIR is ``dir`` (an
+    absolute path), else the environment variable ``SHMRDV_DIR``, else
+    ``/dev/shm``: any tmpfs, or a hugetlbfs (the file then takes whole
+    huge pages, in every process); ``shmrdv ls --dir DIR`` or the same
+    variable shows it. Those who meet by a name must use the same DIR. A create that
+    DIR has no room for raises ``SharedMemoryFull`` naming what it needs,
+    what fits and where to find room, rather than making a smaller arena than
+    asked for: a container's default 64 MiB ``/dev/shm`` cannot hold the
+    default 64 MiB arena with its index (73,965,568 bytes): pass ``size=``,
+    ``dir=`` a larger tmpfs, or give the container more (``docker run
+    --shm-size``), or use a private rendezvous, which is in no directory.
 
     ``timeout``: how long to wait (seconds; None: as long as it takes) for a
     creator that is still initialising the segment, e.g. reserving a big
@@ -87,16 +98,20 @@ class Rendezvous(Receiving, Awaiting, fast.Handle):
 
     ``Rendezvous()`` with no name opens a private rendezvous for this process
     and the processes it hands it to: it gets a unique name
-    (``private-PID-RANDOM``, see ``name``), is always created, and is
-    unlinked when this handle closes (``close``, the ``with`` block's end,
-    garbage collection) or this process exits normally. Pass it to children
-    (``multiprocessing`` arguments, pickling): each attaches by name, and a
-    child's handle never unlinks it. Children that attach after the creator
-    closed it find nothing (``FileNotFoundError``); those already attached
-    keep working. A creator killed by a signal (SIGKILL, a SIGTERM nobody
-    handles) cannot unlink it: the next ``Rendezvous()`` this user opens on
-    the machine removes it once no process has it attached, and so does
-    ``shmrdv gc``.
+    (``private-PID-RANDOM``, see ``name``), is always created, in memory
+    of its own (a memfd, sealed against truncation and growth: a
+    ``/dev/shm`` of any size, a container's 64 MiB one too, does not bound
+    it; the memory cgroup does), in no directory (``dir`` does not apply).
+    Pass it to children (``multiprocessing`` arguments, pickling; a forked
+    child attaches anew by itself): each attaches by name, through this
+    process's descriptor of it (``/proc/PID/fd``: the same user, this
+    process dumpable, the same pid namespace), and a child's handle never
+    removes it. It can be attached while this handle is open: after
+    ``close`` (the ``with`` block's end, garbage collection) or this
+    process's end, children that attach find nothing
+    (``FileNotFoundError``); those already attached keep working. Its
+    memory goes with the last process that has it mapped, whatever killed
+    them: nothing is ever left behind.
 
     ``routes`` maps TF device prefixes to the bridges of other hosts, e.g.
     ``{"/job:worker/replica:0/task:1": "tcp://hostB:7700"}``, with the shared
@@ -153,6 +168,7 @@ class Rendezvous(Receiving, Awaiting, fast.Handle):
         timeout: Optional[float] = OPEN_TIMEOUT,
         huge_pages: bool = False,
         prefault: Optional[bool] = None,
+        dir: Optional[str] = None,
     ) -> None:
         self._h = None
         self._finalizer: Optional[weakref.finalize] = None
@@ -164,15 +180,17 @@ class Rendezvous(Receiving, Awaiting, fast.Handle):
             if create is False:
                 raise InvalidArgument("Rendezvous() with no name creates a private rendezvous: create=False needs a name")
             name, create = private_name(), True
-            sweep_dead_private()
+            sweep_dead_private()  # what older versions' killed creators left in /dev/shm
         name = checked_name(name, "name", lib.RDV_NAME_MAX)
         if create not in (None, True, False):
             raise InvalidType(f"create must be None, True or False, not {create!r}")
         owner = private_pid(name)
+        if owner is not None and dir is not None:
+            raise InvalidArgument(f"dir={dir!r}: a private rendezvous ({'Rendezvous()' if private else repr(name)}) "
+                                  f"is a memfd, in no directory; dir= is for named rendezvous")
         if not private and owner is not None and owner != os.getpid():
-            # Another process's private name (its children attach by it): the
-            # sweep may remove such a segment once that pid is gone, so only
-            # its own process ever creates one.
+            # Another process's private name (its children attach by it): a
+            # memfd of that process, which only it creates.
             if create:
                 raise InvalidArgument(f"{name!r} has the form of process {owner}'s private rendezvous names "
                                       f"(private-PID-HEX), which only Rendezvous() with no name makes: use another "
@@ -192,10 +210,13 @@ class Rendezvous(Receiving, Awaiting, fast.Handle):
             raise InvalidArgument("huge_pages=True with prefault=False: huge pages are made by faulting the segment "
                                   "in as it is mapped; drop one of the two")
         self._name = name
+        self._dir = None if owner is not None else segment_dir(dir)
         flags = (lib.RDV_CREATE_HUGE_PAGES if huge_pages else 0) | (lib.RDV_CREATE_NO_PREFAULT if prefault is False else 0)
-        self._h, self._created = open_segment(name, arena, keys, create, wait_ns, flags, asked_keys=max_keys)
+        self._h, self._created = open_segment(name, arena, keys, create, wait_ns, flags, asked_keys=max_keys,
+                                              dir=self._dir)
         self._capacity = int(lib.rdv_capacity(self._h))
-        if private:
+        if owner is not None and self._created:
+            # This process's private rendezvous: attachable while this handle is open.
             self._finalizer = weakref.finalize(self, unlink_private, name, os.getpid())
         if not self._created:
             try:
@@ -211,8 +232,13 @@ class Rendezvous(Receiving, Awaiting, fast.Handle):
 
     @property
     def name(self) -> str:
-        """The rendezvous name (the segment is ``/dev/shm/shmrdv-NAME``)."""
+        """The rendezvous name (a named one's segment is ``DIR/shmrdv-NAME``, see ``dir``)."""
         return self._name
+
+    @property
+    def dir(self) -> Optional[str]:
+        """The directory of a named rendezvous' file; None for a private one (a memfd)."""
+        return self._dir
 
     @property
     def capacity(self) -> int:
@@ -231,7 +257,7 @@ class Rendezvous(Receiving, Awaiting, fast.Handle):
         handed out stay valid until they are dropped; pending ``recv_async``
         futures are cancelled. The segment stays (see ``unlink``), except
         that closing the handle that created a private rendezvous
-        (``Rendezvous()``) unlinks it."""
+        (``Rendezvous()``) removes it: nobody can attach to it any more."""
         h, self._h = self._h, None
         self._forked = False
         if h is not None:
@@ -244,14 +270,16 @@ class Rendezvous(Receiving, Awaiting, fast.Handle):
 
     @property
     def private(self) -> bool:
-        """Whether this handle created a private rendezvous (``Rendezvous()``),
-        which it unlinks when it closes."""
+        """Whether this handle created a private rendezvous (``Rendezvous()``,
+        or a name of its form), which it removes when it closes."""
         return self._finalizer is not None
 
     def unlink(self) -> None:
         """Remove the segment's name; idempotent. Processes still attached keep
-        their mapping; nothing remains under /dev/shm once all have closed."""
-        unlink_segment(self._name)
+        their mapping; nothing remains once all have closed. A private
+        rendezvous is removed by the handle that created it alone (its close
+        does it): unlink from another handle does nothing."""
+        unlink_segment(self._name, self._dir)
 
     def __enter__(self) -> "Rendezvous":
         return self
@@ -275,18 +303,20 @@ class Rendezvous(Receiving, Awaiting, fast.Handle):
         return f"<Rendezvous name={self._name!r} capacity={self._capacity} state={state}>"
 
     def __reduce__(self) -> Tuple[Any, Tuple[str]]:
-        # A child process re-attaches by name instead of pickling a mapping.
+        # A child process re-attaches by name (in our directory, whatever
+        # its environment says) instead of pickling a mapping.
         if self._routes is None:
-            return (partial(Rendezvous, create=False), (self._name,))
+            return (partial(Rendezvous, create=False, dir=self._dir), (self._name,))
         r = self._routes
-        return (partial(Rendezvous, create=False, routes=r.table, token=r.token or None, tls_ca=r.tls_ca), (self._name,))
+        return (partial(Rendezvous, create=False, dir=self._dir, routes=r.table, token=r.token or None,
+                        tls_ca=r.tls_ca), (self._name,))
 
     def _handle(self) -> Any:
         h = self._h
         if h is None:
             if not self._forked:
                 raise RendezvousError(f"rendezvous {self._name!r} is closed")
-            self._attach_handle(open_segment(self._name, 0, 0, False)[0])  # in a forked child: our own handle
+            self._attach_handle(open_segment(self._name, 0, 0, False, dir=self._dir)[0])  # in a forked child: our own handle
             h = self._h
         return h
 

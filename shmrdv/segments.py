@@ -1,22 +1,43 @@
-"""The segment files of rendezvous: the names and sizes they may have,
-where they live (``/dev/shm/shmrdv-NAME``), creating and attaching to
-them safely (owner, mode, symbolic links, a creator still initialising or
-dead), private rendezvous' names and their sweep, and removing them."""
+"""The segments of rendezvous: the names and sizes they may have, where
+they live, creating and attaching to them safely (owner, mode, symbolic
+links, a creator still initialising or dead), private rendezvous' names and
+the sweep of what older versions left, and removing them.
+
+Two kinds, told apart by the name:
+
+* A named rendezvous is a file, ``DIR/shmrdv-NAME``, mode 0600, in the
+  directory ``dir=`` names, else ``$SHMRDV_DIR``, else ``/dev/shm`` (any
+  tmpfs or hugetlbfs: its messages outlive every process, until ``unlink``).
+  Unrelated processes of this user meet there by name.
+* A name of ``private_name()``'s form (``private-PID-HEX``) is a sealed
+  memfd of process PID, bound to no mount (a 64 MiB container ``/dev/shm``
+  does not limit it; the memory cgroup does): created by PID alone, sealed
+  once sized (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``: nobody can cut
+  it under a mapping), and kept attachable by one descriptor of PID's
+  (``_held``) until the handle that created it closes. Another process
+  attaches by opening ``/proc/PID/fd/N`` of that descriptor, which gives it
+  an open file description of its own (the byte locks that tell who is
+  alive need one per process). That needs PID alive and holding it, and
+  the attacher able to read PID's descriptors: the same user, PID dumpable,
+  the same pid namespace; Yama's ``ptrace_scope`` restricts attaching a
+  debugger, not this. The kernel frees the memory with its last descriptor
+  or mapping: nothing of it can be left anywhere."""
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import stat
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import posix_ipc
 
 from . import limits
 from ._binding import ffi, lib, raise_rc
 from .codec import positive_int
-from .errors import (HugePagesUnavailable, InvalidArgument, InvalidType, RendezvousTimeout, SegmentMismatch,
-                     SharedMemoryFull)
+from .errors import (HugePagesUnavailable, InvalidArgument, InvalidType, RendezvousError, RendezvousTimeout,
+                     SegmentMismatch, SharedMemoryFull)
 from .forms import round_up
 from .huge_pages import offered as huge_pages_offered
 from .leftovers import CREATOR_GRACE_S, pid_gone, sweep
@@ -24,8 +45,12 @@ from .leftovers import CREATOR_GRACE_S, pid_gone, sweep
 DEFAULT_SIZE = 64 << 20
 """Arena bytes of a rendezvous created without ``size``."""
 SEGMENT_PREFIX = "/shmrdv-"
-"""A rendezvous NAME lives in the POSIX shm object ``/shmrdv-NAME`` (``/dev/shm/shmrdv-NAME``)."""
+"""A named rendezvous NAME lives in the file ``DIR/shmrdv-NAME`` (in /dev/shm:
+the POSIX shm object ``/shmrdv-NAME``), a private one in the memfd ``shmrdv-NAME``."""
 SHM_DIR = "/dev/shm"
+"""Where named rendezvous' files are unless ``dir=`` or ``$SHMRDV_DIR`` names another directory."""
+DIR_ENV = "SHMRDV_DIR"
+"""The environment variable naming the directory of named rendezvous' files (default /dev/shm)."""
 _FILE_PREFIX = SEGMENT_PREFIX.lstrip("/")
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,%d}\Z" % lib.RDV_NAME_MAX)
 OPEN_TIMEOUT = 60.0
@@ -36,6 +61,33 @@ MAX_SIZE = limits.MAX_ARENA_BYTES
 """The largest arena a rendezvous can have, in bytes (2**36 - 4096, about 64 GiB)."""
 MAX_KEYS = limits.MAX_KEYS
 """The largest max_keys a rendezvous can have (2**24)."""
+
+# A private rendezvous' memfd, once sized, takes these seals: nobody (its
+# creator included) can shrink or grow it, nor change its seals.
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+# The descriptor that keeps a private rendezvous attachable is told apart
+# from the other descriptors its creator has of the same memory (each
+# handle's own lock description, rdv_reopen in csrc/rdv_os.c) by its file
+# position, which nothing reads or writes through: attachers look for it in
+# /proc/PID/fdinfo/N, so that once the creator closes it no new attach
+# succeeds, whatever handles or views of the creator's still map it.
+_HELD_POS = int.from_bytes(b"shmrdv", "big")
+_held: Dict[str, int] = {}
+"""The private rendezvous this process created and still offers: name -> that descriptor."""
+
+
+def _forget_held_in_child() -> None:
+    # A forked child is not their creator: it attaches through its parent's
+    # descriptors as any process does, and copies of them here would only
+    # keep descriptors open in a child that may live long.
+    held = list(_held.values())
+    _held.clear()
+    for fd in held:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+os.register_at_fork(after_in_child=_forget_held_in_child)
 
 
 def arena_size(size: object, what: str = "size") -> int:
@@ -57,17 +109,64 @@ def default_max_keys(arena: int) -> int:
     return max(1024, min(arena // 4096, 1 << 20))
 
 
-def no_space_error(what: str, arena: int, max_keys: Optional[int], size_word: str = "size") -> SharedMemoryFull:
-    """The error of a create that /dev/shm has no room for: what the segment
+def segment_dir(dir: Optional[str] = None) -> str:
+    """The directory of named rendezvous' files: ``dir``, else
+    ``$SHMRDV_DIR``, else /dev/shm. An absolute path: the processes that
+    meet there may run in different working directories."""
+    if dir is None:
+        chosen: object = os.environ.get(DIR_ENV) or SHM_DIR
+        what = DIR_ENV
+    else:
+        chosen, what = os.fspath(dir) if isinstance(dir, os.PathLike) else dir, "dir"
+    if not isinstance(chosen, str):
+        raise InvalidType(f"{what} must be a str or a path, not {type(chosen).__name__}")
+    if not os.path.isabs(chosen):
+        raise InvalidArgument(f"{what} must be an absolute path (the processes that meet in it may run in other "
+                              f"working directories): {chosen!r}")
+    return os.path.normpath(chosen)
+
+
+def check_dir(directory: str) -> None:
+    """Create and attach only in a directory where no other user can put a
+    file under a name after we checked it: owned by this user or root, and
+    writable by nobody else unless sticky (as /dev/shm and /tmp are)."""
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, f"the directory for rendezvous files does not exist: create it (any "
+                                f"tmpfs, e.g. mount -t tmpfs -o size=8g tmpfs {directory}), or name another with "
+                                f"dir= or {DIR_ENV}", directory) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, f"rendezvous files go in a directory: name one with dir= or "
+                                 f"{DIR_ENV}", directory)
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (0, os.geteuid()):
+        raise PermissionError(errno.EACCES, f"refusing to keep rendezvous files in a directory owned by uid "
+                              f"{st.st_uid} ({user_name(st.st_uid)}): its owner could replace them; use one of "
+                              f"your own, or a sticky one such as /dev/shm", directory)
+    if mode & 0o022 and not mode & stat.S_ISVTX:
+        raise PermissionError(errno.EACCES, f"refusing to keep rendezvous files in a directory that others may "
+                              f"write to (mode {mode:04o}) without the sticky bit: they could replace them; "
+                              f"chmod go-w it, or chmod +t it as /dev/shm is", directory)
+
+
+def no_space_error(what: str, arena: int, max_keys: Optional[int], size_word: str = "size",
+                   directory: Optional[str] = None) -> SharedMemoryFull:
+    """The error of a create that the directory of named rendezvous
+    (``directory``, else segment_dir()) has no room for: what the segment
     needs, what is free, the largest ``size_word`` that fits now (with
-    max_keys None: its default for each size, as a create without it gets)."""
+    max_keys None: its default for each size, as a create without it
+    gets), and the ways to more room."""
+    where = segment_dir() if directory is None else directory
 
     def needs(size: int) -> int:
         return int(lib.rdv_segment_bytes(size, default_max_keys(size) if max_keys is None else max_keys))
 
     try:
-        st = os.statvfs(SHM_DIR)
-        free: Optional[int] = st.f_bavail * st.f_frsize
+        st = os.statvfs(where)
+        # no size: a tmpfs mounted size=0, a hugetlbfs without size= (which
+        # has what /proc/meminfo's HugePages_Free says)
+        free: Optional[int] = st.f_bavail * st.f_frsize if st.f_blocks else None
     except OSError:
         free = None
     if free is None:
@@ -80,11 +179,33 @@ def no_space_error(what: str, arena: int, max_keys: Optional[int], size_word: st
         fits = lo * PAGE if lo and needs(lo * PAGE) <= free else 0
         advice = f"{free:,} bytes free; " + (f"pass a smaller {size_word}= ({size_word}={fits} fits now), " if fits else
                                             f"not even the smallest rendezvous ({needs(PAGE):,} bytes) fits: ")
+    enlarge = " (docker run --shm-size, a memory-backed emptyDir in Kubernetes)" if where == SHM_DIR else ""
     return SharedMemoryFull(
         errno.ENOSPC,
-        f"{what}: /dev/shm has no room: the segment needs {needs(arena):,} bytes (its {arena:,}-byte arena, key "
-        f"index, side table and process table) and /dev/shm has {advice}free space there, or enlarge it "
-        f"(docker run --shm-size, a memory-backed emptyDir in Kubernetes)")
+        f"{what}: {where} has no room: the segment needs {needs(arena):,} bytes (its {arena:,}-byte arena, key "
+        f"index, side table and process table) and {where} has {advice}free space there, enlarge it{enlarge}, or "
+        f"keep named rendezvous on a larger tmpfs (dir=, {DIR_ENV}); a private Rendezvous() is in no directory")
+
+
+def _memory_full_error(what: str, needs: int, code: int) -> SharedMemoryFull:
+    """The error of a private rendezvous (a memfd) the memory could not hold."""
+    room = []
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/meminfo") as meminfo:
+            available = next(line for line in meminfo if line.startswith("MemAvailable:"))
+        room.append(f"the machine has {int(available.split()[1]) * 1024:,} bytes available")
+    with contextlib.suppress(OSError, ValueError, IndexError, StopIteration):
+        with open("/proc/self/cgroup") as cgroups:
+            group = next(line for line in cgroups if line.startswith("0::")).strip()[3:]
+        base = os.path.join("/sys/fs/cgroup", group.lstrip("/"))
+        with open(os.path.join(base, "memory.max")) as limit, open(os.path.join(base, "memory.current")) as used:
+            cap = limit.read().strip()
+            if cap != "max":
+                room.append(f"its memory cgroup {int(used.read()):,} of {int(cap):,} bytes used (memory.max)")
+    said = "; ".join(room) or "how much is free is unknown"
+    return SharedMemoryFull(errno.ENOSPC, f"{what}: no memory for it ({os.strerror(code)}): the segment needs "
+                                          f"{needs:,} bytes and {said}; pass a smaller size=, or give this process "
+                                          f"(its container) more memory")
 
 
 def checked_name(name: object, what: str, max_len: int) -> str:
@@ -101,8 +222,9 @@ def private_name() -> str:
     return f"private-{os.getpid()}-{os.urandom(6).hex()}"  # not secrets: it loads hmac
 
 
-# private_name()'s form: kept for private rendezvous, which the sweep below
-# may remove once their creator is gone; no other name is ever swept.
+# private_name()'s form: kept for private rendezvous (memfds of process
+# PID); the sweep below removes files of this form that older versions
+# left once their creator is gone; no other name is ever swept.
 _PRIVATE_RE = re.compile(r"private-([0-9]{1,10})-[0-9a-f]{12}\Z", re.ASCII)
 
 
@@ -113,10 +235,13 @@ def private_pid(name: str) -> Optional[int]:
 
 
 def sweep_dead_private() -> List[str]:
-    """Remove this user's private rendezvous whose creating process is gone
-    and that no process has attached: what a creator killed before it could
-    unlink leaves (SIGKILL, or a SIGTERM nobody handled). Run by every
-    ``Rendezvous()`` and by ``shmrdv gc``; returns the names removed."""
+    """Remove this user's files of private rendezvous in /dev/shm whose
+    creating process is gone and that no process has attached: what a
+    creator of an older version (whose private rendezvous were files there)
+    killed before it could unlink left (SIGKILL, or a SIGTERM nobody
+    handled). Run by every ``Rendezvous()`` and by ``shmrdv gc``; returns
+    the names removed. A private rendezvous of this version is a memfd,
+    which the kernel frees with its last user: it leaves nothing to sweep."""
 
     def stale(rest: str, fd: int, st: os.stat_result) -> bool:
         pid = private_pid("private-" + rest)
@@ -128,7 +253,7 @@ def sweep_dead_private() -> List[str]:
         # publishing it and before attaching as an entry).
         return not lib.rdv_segment_in_use(fd) and time.time() - st.st_ctime >= CREATOR_GRACE_S
 
-    return ["private-" + rest for rest in sweep(SEGMENT_PREFIX.lstrip("/") + "private-", stale)]
+    return ["private-" + rest for rest in sweep(_FILE_PREFIX + "private-", stale)]
 
 
 def unlink_private(name: str, pid: int) -> None:
@@ -138,31 +263,70 @@ def unlink_private(name: str, pid: int) -> None:
         unlink_segment(name)
 
 
-def segment_names() -> List[str]:
-    """Names of the rendezvous whose segments exist, sorted."""
+def segment_names(dir: Optional[str] = None) -> List[str]:
+    """Names of the named rendezvous whose files are in ``dir`` (see
+    segment_dir), sorted. Files under private_name()'s form are not among
+    them: older versions' private rendezvous, which sweep_dead_private
+    removes once their creator is gone (this version's are memfds)."""
     try:
-        entries = os.listdir(SHM_DIR)
-    except FileNotFoundError:
+        entries = os.listdir(segment_dir(dir))
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    return sorted(e[len(_FILE_PREFIX) :] for e in entries if e.startswith(_FILE_PREFIX))
+    names = (e[len(_FILE_PREFIX) :] for e in entries if e.startswith(_FILE_PREFIX))
+    return sorted(name for name in names if private_pid(name) is None)
 
 
-def segment_path(name: str) -> str:
-    return os.path.join(SHM_DIR, _FILE_PREFIX + name)
+def private_holders() -> Dict[str, List[int]]:
+    """This user's private rendezvous that live processes have open (each
+    attached handle keeps a descriptor of its own), from /proc: name ->
+    the pids that hold a descriptor of it, sorted. Processes this user may
+    not look into are passed by."""
+    prefix, suffix = f"/memfd:{_FILE_PREFIX}", " (deleted)"
+    found: Dict[str, set] = {}
+    try:
+        pids = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return {}
+    for pid in pids:
+        try:
+            entries = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # gone, or not ours to look into
+        for entry in entries:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{entry}")
+            except OSError:
+                continue
+            if target.startswith(prefix) and target.endswith(suffix):
+                name = target[len(prefix) : -len(suffix)]
+                if private_pid(name) is not None:
+                    found.setdefault(name, set()).add(pid)
+    return {name: sorted(holders) for name, holders in sorted(found.items())}
 
 
-def foreign_owner(name: str) -> Optional[str]:
-    """"uid N (login)" when the segment of rendezvous ``name`` is another
+def segment_path(name: str, dir: Optional[str] = None) -> str:
+    """The file of named rendezvous ``name`` in ``dir`` (see segment_dir)."""
+    return os.path.join(segment_dir(dir), _FILE_PREFIX + name)
+
+
+def rm_command(name: str, directory: str) -> str:
+    """The command that removes named rendezvous ``name`` in ``directory``, for messages."""
+    return f"shmrdv rm {name}" if directory == segment_dir() else f"shmrdv rm --dir {directory} {name}"
+
+
+def foreign_owner(name: str, dir: Optional[str] = None) -> Optional[str]:
+    """"uid N (login)" when the file of rendezvous ``name`` is another
     user's (shmrdv never attaches to one), else None: ours, or none there."""
     try:
-        uid = os.lstat(segment_path(name)).st_uid
+        uid = os.lstat(segment_path(name, dir)).st_uid
     except FileNotFoundError:
         return None
     return None if uid == os.geteuid() else f"uid {uid} ({user_name(uid)})"
 
 
 def segment_file(path: str) -> str:
-    return os.path.join(SHM_DIR, path.lstrip("/"))
+    """The file of a POSIX shm object (``/NAME``: in /dev/shm); a file path as it is."""
+    return os.path.join(SHM_DIR, path[1:]) if path.rfind("/") == 0 else path
 
 
 def shm_open(path: str, what: str, *args: Any, **kwargs: Any) -> "posix_ipc.SharedMemory":
@@ -176,25 +340,31 @@ def shm_open(path: str, what: str, *args: Any, **kwargs: Any) -> "posix_ipc.Shar
                               f"remove it if it is yours, else use another name") from None
 
 
-def check_owner(fd: int, name: str, path: str, *, what: str = "rendezvous", remove: str = "") -> None:
+def check_owner(fd: int, name: str, path: str, remove: Optional[str] = None, *, what: str = "rendezvous") -> None:
     """Attach only to a segment this user owns and nobody else can open:
     another local user could have created it first, to read the tensors
-    sent through it or plant its own (PermissionError, naming owner and mode).
-    ``what`` names the kind of segment, ``remove`` the command that removes
-    it (``shmrdv rm NAME`` by default)."""
+    sent through it or plant its own (PermissionError, naming owner and
+    mode). ``path``: its file, its POSIX shm object, or a private
+    rendezvous' /proc/PID/fd; ``what`` names the kind of segment;
+    ``remove``: how to remove it, for the message (default ``shmrdv rm
+    NAME``; a private one is its creator's to close)."""
     st = os.fstat(fd)
     euid = os.geteuid()
     mode = stat.S_IMODE(st.st_mode)
-    remove = remove or f"shmrdv rm {name}"
+    private = path.startswith("/proc/")
+    remove = f"shmrdv rm {name}" if not remove else remove
     if st.st_uid != euid:
+        fix = ("attach only to private rendezvous of this user's processes" if private else
+               f"remove it ({remove}, as its owner or root) or use another name")
         raise PermissionError(errno.EACCES, f"refusing to attach to {what} {name!r}: its segment is owned by "
                               f"uid {st.st_uid} ({user_name(st.st_uid)}), not by this user (uid {euid}), so its owner "
-                              f"can read and change what is sent through it; remove it ({remove}, as its "
-                              f"owner or root) or use another name", segment_file(path))
+                              f"can read and change what is sent through it; {fix}", segment_file(path))
     if mode & 0o077:
+        fix = ("its creator made it so: make a new one" if private else
+               f"remove it ({remove}), or chmod 600 it if you trust what it holds")
         raise PermissionError(errno.EACCES, f"refusing to attach to {what} {name!r}: its segment has mode "
-                              f"{mode:04o}, open to group or others (shmrdv creates them 0600); remove it "
-                              f"({remove}), or chmod 600 it if you trust what it holds", segment_file(path))
+                              f"{mode:04o}, open to group or others (shmrdv creates them 0600); {fix}",
+                              segment_file(path))
 
 
 def user_name(uid: int) -> str:
@@ -207,102 +377,212 @@ def user_name(uid: int) -> str:
         return "no such user"
 
 
-def segment_version(path: str) -> str:
+def _layout_version(fd: int) -> str:
     """The layout version a segment's header names (byte 8 in every version), for messages."""
     try:
-        with open(os.path.join(SHM_DIR, path.lstrip("/")), "rb") as f:
-            head = f.read(12)
+        head = os.pread(fd, 12, 0)
     except OSError:
         return "unknown"
     return str(int.from_bytes(head[8:12], "little")) if len(head) == 12 else "unknown"
 
 
-def unlink_segment(name: str) -> None:
-    """Remove the segment of rendezvous ``name`` if it exists."""
-    try:
-        posix_ipc.unlink_shared_memory(SEGMENT_PREFIX + name)
-    except posix_ipc.ExistentialError:
-        pass
+def unlink_segment(name: str, dir: Optional[str] = None) -> None:
+    """Remove rendezvous ``name`` if it exists: a named one's file in
+    ``dir`` (see segment_dir); a private one this process created stops
+    being attachable (its memory goes with its last user; another
+    process's private rendezvous is not this process's to remove)."""
+    if private_pid(name) is not None:
+        fd = _held.pop(name, None)
+        if fd is not None:
+            os.close(fd)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(segment_path(name, dir))
 
 
-def segment_in_use(name: str) -> bool:
-    """Whether a live process has the segment of rendezvous ``name`` attached
+def segment_in_use(name: str, dir: Optional[str] = None) -> bool:
+    """Whether a live process has the file of rendezvous ``name`` attached
     (or is creating it), told without attaching: for root, who may remove
     another user's segment but never attaches to it. ``FileNotFoundError``
     if there is none."""
+    path = segment_path(name, dir)
+    fd = _open_file(path, name, False)
     try:
-        shm = shm_open(SEGMENT_PREFIX + name, f"rendezvous {name!r}")
-    except posix_ipc.ExistentialError:
-        raise FileNotFoundError(errno.ENOENT, "no such rendezvous", name) from None
-    try:
-        return bool(lib.rdv_segment_in_use(shm.fd))
+        return bool(lib.rdv_segment_in_use(fd))
     finally:
-        shm.close_fd()
+        os.close(fd)
+
+
+def _open_file(path: str, name: str, create: bool) -> int:
+    """A named rendezvous' file, opened read-write, never through a symbolic
+    link; ``create``: a new one, mode 0600 (``FileExistsError`` if the name
+    is taken). ``FileNotFoundError`` if there is none."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
+    directory = os.path.dirname(path)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except IsADirectoryError:
+        fd = -1
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, f"no such rendezvous in {directory}", name) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PermissionError(errno.EACCES, f"refusing to attach to rendezvous {name!r}: its segment is a "
+                                  f"symbolic link; remove it ({rm_command(name, directory)})", path) from None
+        raise
+    if fd >= 0 and stat.S_ISREG(os.fstat(fd).st_mode):
+        if create:
+            os.fchmod(fd, 0o600)  # whatever the umask: attachers refuse a file open to group or others
+        return fd
+    if fd >= 0:
+        os.close(fd)
+    raise SegmentMismatch(f"cannot open rendezvous {name!r}: {path} is not a shared-memory file (a directory?); "
+                          f"remove it if it is yours, else use another name")
+
+
+def _discard_file(fd: int, path: str) -> None:
+    """Remove a file we created and could not initialise, if the name is still it; close fd."""
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            if os.lstat(path).st_ino == os.fstat(fd).st_ino:
+                os.unlink(path)
+    finally:
+        os.close(fd)
+
+
+def _new_memfd(name: str) -> Optional[int]:
+    """A new memfd for private rendezvous ``name`` of this process, mode
+    0600, not yet offered to attachers; None if this process has one."""
+    if name in _held:
+        return None
+    fd = os.memfd_create(_FILE_PREFIX + name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.fchmod(fd, 0o600)  # memfds are made 0777: attachers check mode as of any segment
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _offer_memfd(fd: int, name: str) -> None:
+    """Seal a private rendezvous' memfd, now sized and initialised, and
+    offer it to attachers: the creator keeps fd until its handle closes."""
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+    os.lseek(fd, _HELD_POS, os.SEEK_SET)  # the mark attachers look for (see _HELD_POS)
+    _held[name] = fd
+
+
+def _unreadable(pid: int, name: str) -> PermissionError:
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+        owner = f"; /proc/{pid} belongs to uid {uid} ({user_name(uid)})"
+    except OSError:
+        owner = ""
+    return PermissionError(
+        errno.EACCES,
+        f"cannot attach to private rendezvous {name!r}: this process may not open the descriptors of process {pid}, "
+        f"its creator (permission denied{owner}). A private rendezvous is attached through its creator's "
+        f"/proc/{pid}/fd, which takes the same user, a creator that is dumpable (not after prctl(PR_SET_DUMPABLE, 0), "
+        f"nor after changing its user or group ids) and no security module (SELinux, AppArmor) forbidding it; a "
+        f"named rendezvous (a file: Rendezvous('NAME')) needs none of this", f"/proc/{pid}/fd")
+
+
+def _open_memfd(name: str, pid: int) -> int:
+    """A new open file description of private rendezvous ``name``, opened
+    through the descriptor its creator, process ``pid``, offers it by (see
+    _HELD_POS). FileNotFoundError once the creator has closed it or is
+    gone; PermissionError if this process may not open its descriptors."""
+    target = f"/memfd:{_FILE_PREFIX}{name} (deleted)"
+    fd_dir = f"/proc/{pid}/fd"
+    if pid == os.getpid():
+        held = _held.get(name)
+        entries = [] if held is None else [str(held)]
+    else:
+        try:
+            entries = os.listdir(fd_dir)
+        except FileNotFoundError:
+            if not os.path.isdir("/proc/self/fd"):
+                raise RendezvousError(f"cannot attach to private rendezvous {name!r}: /proc is not mounted, and a "
+                                      f"private rendezvous is attached through its creator's /proc/{pid}/fd; mount "
+                                      f"/proc, or use a named rendezvous (a file: Rendezvous('NAME'))") from None
+            raise FileNotFoundError(errno.ENOENT, f"no such rendezvous: process {pid}, which created it, is gone "
+                                    f"(a private rendezvous can be attached only while the process that created it "
+                                    f"has it open)", name) from None
+        except PermissionError:
+            raise _unreadable(pid, name) from None
+    for entry in entries:
+        try:
+            if os.readlink(f"{fd_dir}/{entry}") != target:
+                continue
+            with open(f"/proc/{pid}/fdinfo/{entry}") as info:
+                if info.readline() != f"pos:\t{_HELD_POS}\n":
+                    continue  # the creator's handle's own description, not the one it offers
+            fd = os.open(f"{fd_dir}/{entry}", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # closed meanwhile
+        except PermissionError:
+            raise _unreadable(pid, name) from None
+        try:
+            # The number may have been closed and reused since it was read:
+            # what we opened must be the rendezvous' memory.
+            if os.readlink(f"/proc/self/fd/{fd}") == target:
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    raise FileNotFoundError(errno.ENOENT, f"no such rendezvous: process {pid}, which created it, does not have it "
+                            f"open any more (a private rendezvous can be attached only while the process that created "
+                            f"it has it open)", name)
+
 
 def open_segment(name: str, arena: int, max_keys: int, create: Optional[bool], wait_ns: int = -1, flags: int = 0,
-                 asked_keys: Optional[int] = None) -> Tuple[Any, bool]:
+                 asked_keys: Optional[int] = None, dir: Optional[str] = None) -> Tuple[Any, bool]:
     """The core's handle of rendezvous ``name``, created or attached, and
     whether it was created (``create``: None either, True create only,
-    False attach only). ``wait_ns``: how long to wait for a creator still
+    False attach only). A name of private_name()'s form is a memfd, which
+    only its own process creates; any other is a file in ``dir`` (see
+    segment_dir). ``wait_ns``: how long to wait for a creator still
     initialising it (-1: forever). ``asked_keys``: the max_keys the caller
-    gave (None: the default for each size), for what a create that
-    /dev/shm has no room for says would fit."""
-    path = SEGMENT_PREFIX + name
+    gave (None: the default for each size), for what a create that has no
+    room says would fit."""
+    pid = private_pid(name)
+    directory = path = ""
+    if pid is None:
+        directory = segment_dir(dir)
+        check_dir(directory)
+        path = os.path.join(directory, _FILE_PREFIX + name)
+    creates = create is not False and pid in (None, os.getpid())
     out = ffi.new("rdv_t **")
     deadline = None if wait_ns < 0 else time.monotonic() + wait_ns / 1e9
     pause = 0.001
     while True:
-        if create is not False:
+        if creates:
             try:
-                shm = shm_open(path, f"rendezvous {name!r}", posix_ipc.O_CREX, mode=0o600)
-            except posix_ipc.ExistentialError:
+                fd = _new_memfd(name) if pid is not None else _open_file(path, name, True)
+            except FileExistsError:
+                fd = None
+            if fd is None:
                 if create:
-                    raise FileExistsError(errno.EEXIST, "rendezvous already exists", name) from None
+                    raise FileExistsError(errno.EEXIST, "rendezvous already exists", name)
             else:
-                try:
-                    offer = huge_pages_offered() if flags & lib.RDV_CREATE_HUGE_PAGES else None
-                    if offer is not None and not offer.available:
-                        rc = -errno.EOPNOTSUPP
-                    else:
-                        rc = lib.rdv_create_flags(shm.fd, arena, max_keys, flags, out)
-                except BaseException:
-                    if out[0] != ffi.NULL:  # made before the exception came: let it go too
-                        lib.rdv_close(out[0])
-                    with contextlib.suppress(posix_ipc.ExistentialError):
-                        posix_ipc.unlink_shared_memory(path)  # ours, never initialised: not left behind
-                    raise
-                finally:
-                    shm.close_fd()
-                if rc < 0:
-                    posix_ipc.unlink_shared_memory(path)
-                    if rc == -errno.ENOSPC:
-                        raise no_space_error(f"cannot create rendezvous {name!r}", arena, asked_keys)
-                    if rc == -errno.EOPNOTSUPP and flags & lib.RDV_CREATE_HUGE_PAGES:
-                        why = offer.why if offer is not None and not offer.available else \
-                            "the kernel refuses to advise huge pages for it (MADV_HUGEPAGE)"
-                        raise HugePagesUnavailable(f"rendezvous {name!r}: huge_pages=True, but {why}; or "
-                                                   f"create it without huge_pages (4 KiB pages; copies of 100 MiB "
-                                                   f"and more are then about a quarter slower)")
-                    raise_rc(rc, f"creating rendezvous {name!r} ({arena} bytes)")
-                return out[0], True
+                return _create(fd, name, path, directory, arena, max_keys, flags, asked_keys, out), True
         try:
-            shm = shm_open(path, f"rendezvous {name!r}")  # O_NOFOLLOW
-        except posix_ipc.ExistentialError:
-            if create is False:
-                raise FileNotFoundError(errno.ENOENT, "no such rendezvous", name) from None
-            continue  # unlinked between our create and attach attempts
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise PermissionError(errno.EACCES, f"refusing to attach to rendezvous {name!r}: its "
-                                      f"segment is a symbolic link; remove it (shmrdv rm {name})",
-                                      segment_file(path)) from None
-            raise
+            fd = _open_memfd(name, pid) if pid is not None else _open_file(path, name, False)
+        except FileNotFoundError:
+            if not creates:
+                raise
+            continue  # removed between our create and attach attempts
         try:
-            check_owner(shm.fd, name, path)
-            rc = lib.rdv_attach(shm.fd, out)
-            age = time.time() - os.fstat(shm.fd).st_ctime if rc == -errno.EOWNERDEAD else 0.0
+            if pid is None:
+                check_owner(fd, name, path, rm_command(name, directory))
+            else:
+                check_owner(fd, name, f"/proc/{pid}/fd")
+            rc = lib.rdv_attach(fd, out)
+            age = time.time() - os.fstat(fd).st_ctime if rc == -errno.EOWNERDEAD else 0.0
+            version = _layout_version(fd) if rc == -errno.EPROTONOSUPPORT else ""
         finally:
-            shm.close_fd()
+            os.close(fd)
         if rc in (-errno.EAGAIN, -errno.EOWNERDEAD):
             # EAGAIN: its creator is alive and still initialising it.
             # EOWNERDEAD: nobody is: a creator that died, unless the file
@@ -311,7 +591,7 @@ def open_segment(name: str, arena: int, max_keys: int, create: Optional[bool], w
             if rc == -errno.EOWNERDEAD and (age >= CREATOR_GRACE_S or late):
                 raise SegmentMismatch(
                     f"rendezvous {name!r} was never initialised: the process that created its segment "
-                    f"died before finishing (or it is not a shmrdv segment); remove it (shmrdv rm {name}) "
+                    f"died before finishing (or it is not a shmrdv segment); remove it ({rm_command(name, directory)}) "
                     f"and open it again")
             if late:
                 raise RendezvousTimeout(
@@ -321,16 +601,60 @@ def open_segment(name: str, arena: int, max_keys: int, create: Optional[bool], w
             pause = min(2 * pause, 0.05)
             continue
         if rc == -errno.EPROTONOSUPPORT:
-            version = segment_version(path)
             what = ("was made with options this shmrdv does not know (a newer shmrdv's)"
                     if version == str(lib.RDV_LAYOUT_VERSION) else
                     f"has layout version {version}, this shmrdv uses version {lib.RDV_LAYOUT_VERSION}")
             raise SegmentMismatch(
                 f"attaching to rendezvous {name!r}: its segment {what}; recreate it "
-                f"(shmrdv rm {name}) with this shmrdv, or use the shmrdv that made it")
+                f"({rm_command(name, directory)}) with this shmrdv, or use the shmrdv that made it")
         if rc < 0:
             raise_rc(rc, f"attaching to rendezvous {name!r}")
         return out[0], False
+
+
+def _create(fd: int, name: str, path: str, directory: str, arena: int, max_keys: int, flags: int,
+            asked_keys: Optional[int], out: Any) -> Any:
+    """Initialise the segment fd (a new file at ``path``, or a new memfd when
+    path is ""), seal and offer a memfd; the core's handle. Whatever fails
+    or interrupts it removes what it made: the file, or the memfd."""
+    memfd = not path
+
+    def discard() -> None:
+        if memfd:
+            os.close(fd)  # never offered: its memory goes with the handle's mapping, closed before
+        else:
+            _discard_file(fd, path)
+
+    offer = None
+    try:
+        if flags & lib.RDV_CREATE_HUGE_PAGES:
+            offer = huge_pages_offered(None if memfd else directory)
+        rc = -errno.EOPNOTSUPP if offer is not None and not offer.available else \
+            lib.rdv_create_flags(fd, arena, max_keys, flags, out)
+        if rc == 0 and memfd:
+            _offer_memfd(fd, name)
+    except BaseException:
+        if out[0] != ffi.NULL:  # made before the exception came: let it go too
+            lib.rdv_close(out[0])
+        discard()
+        raise
+    if rc == 0:
+        if not memfd:
+            os.close(fd)  # the handle has a description of its own (rdv_segment_lock_fd)
+        return out[0]
+    discard()
+    what = f"cannot create rendezvous {name!r}"
+    if memfd and rc in (-errno.ENOSPC, -errno.ENOMEM):
+        raise _memory_full_error(what, int(lib.rdv_segment_bytes(arena, max_keys)), -rc)
+    if rc == -errno.ENOSPC:
+        raise no_space_error(what, arena, asked_keys, directory=directory)
+    if rc == -errno.EOPNOTSUPP and flags & lib.RDV_CREATE_HUGE_PAGES:
+        why = offer.why if offer is not None and not offer.available else \
+            "the kernel refuses to advise huge pages for it (MADV_HUGEPAGE)"
+        raise HugePagesUnavailable(f"rendezvous {name!r}: huge_pages=True, but {why}; or "
+                                   f"create it without huge_pages (4 KiB pages; copies of 100 MiB "
+                                   f"and more are then about a quarter slower)")
+    raise_rc(rc, f"creating rendezvous {name!r} ({arena} bytes)")
 
 
 def check_attached(h: Any, name: str, capacity: int, size: Optional[int], max_keys: Optional[int], huge: bool,

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from .common import CHILD_LIFETIME_S, DATA_DTYPE, MESSAGE_TIMEOUT_S, POOL, KiB, MiB, arena_bytes
-from .processes import Children, _reply, allowed_cpus, unique_name
+from .processes import Children, _reply, allowed_cpus
 from .transports import TRANSPORTS, Peer, check, stamp
 
 # ---------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def process_scaling(pairs: int, nbytes: int, count: int, lifetime_s: int = CHILD
     children = Children(lifetime_s)
     controls: List[Connection] = []
     try:
-        with shmrdv.Rendezvous(unique_name(), create=True, size=arena_bytes(nbytes)) as rdv:
+        with shmrdv.Rendezvous(size=arena_bytes(nbytes)) as rdv:
             try:
                 processes = []
                 for pair in range(pairs):

@@ -305,7 +305,10 @@ class RingEndpoint(Endpoint):
 
 
 class ShmrdvEndpoint(Endpoint):
-    """shmrdv ``send``/``recv``: one rendezvous per message size, created by the parent."""
+    """shmrdv ``send``/``recv``: one rendezvous per message size, created by
+    the parent: a private one (a memfd, as ``Rendezvous()`` makes, which
+    no /dev/shm of any size limits), or with huge pages a named one in
+    /dev/shm, whose mount gives them."""
 
     def __init__(self, side: int, channel: Any) -> None:
         super().__init__(side, channel)
@@ -321,8 +324,11 @@ class ShmrdvEndpoint(Endpoint):
         self._drop()
         arena = whole_pages(size or arena_bytes(nbytes))
         max_keys = max(1024, 2 * pending_keys + 1024)
-        self.rdv = self.shmrdv.Rendezvous(unique_name(), create=True, size=arena, max_keys=max_keys,
-                                          huge_pages=huge_pages)
+        if huge_pages:
+            self.rdv = self.shmrdv.Rendezvous(unique_name(), create=True, size=arena, max_keys=max_keys,
+                                              huge_pages=True)
+        else:
+            self.rdv = self.shmrdv.Rendezvous(size=arena, max_keys=max_keys)
         fill_pending_keys(self.rdv, pending_keys)
         return self.rdv.name
 

@@ -8,7 +8,7 @@ import posix_ipc
 
 from .. import _binding
 from ..errors import RendezvousError
-from ..segments import arena_size
+from ..segments import DIR_ENV, SHM_DIR, arena_size, segment_dir
 from ..units import parse_bytes
 
 # The rule Rendezvous applies to a name, checked while parsing the arguments.
@@ -50,6 +50,29 @@ def rendezvous_name(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"invalid rendezvous name {text!r}: 1..{_NAME_MAX} characters of A-Z a-z 0-9 . _ -")
     return text
+
+
+def add_dir_argument(parser: argparse.ArgumentParser) -> None:
+    """``--dir DIR``: the directory of named rendezvous' files, as ``dir=``
+    names it (default: $SHMRDV_DIR, else /dev/shm); ``args.dir`` is it, absolute."""
+    parser.add_argument("--dir", type=_directory, default=None, metavar="DIR",
+                        help=f"the directory of named rendezvous' files (default: ${DIR_ENV}, else {SHM_DIR})")
+
+
+def attach(name: str, dir: "str | None") -> "Any":
+    """``Rendezvous(name, create=False)``: a named one in ``dir`` (see
+    add_dir_argument), a private one (a memfd, in no directory) wherever it is."""
+    from ..rendezvous import Rendezvous
+    from ..segments import private_pid
+
+    return Rendezvous(name, create=False, dir=None if private_pid(name) is not None else dir)
+
+
+def _directory(text: str) -> str:
+    try:
+        return segment_dir(text)
+    except (ValueError, RendezvousError) as exc:  # InvalidArgument is both
+        raise argparse.ArgumentTypeError(str(exc).replace("dir ", "--dir ")) from None
 
 
 def positive_int(text: str) -> int:
@@ -124,8 +147,8 @@ def about(name: str, exc: BaseException) -> str:
 PROGRESS_ABOVE = 1 << 30
 
 
-def open_showing_progress(name: str, size: "int | None", stream: "Any" = None) -> "Any":
-    """``Rendezvous(name, size=size)``, telling on stderr how far creating it has got
+def open_showing_progress(name: str, size: "int | None", stream: "Any" = None, dir: "str | None" = None) -> "Any":
+    """``Rendezvous(name, size=size, dir=dir)``, telling on stderr how far creating it has got
     when that creates a segment of more than PROGRESS_ABOVE bytes."""
     import os
     import sys
@@ -136,9 +159,9 @@ def open_showing_progress(name: str, size: "int | None", stream: "Any" = None) -
     from ..units import human_bytes
 
     stream = sys.stderr if stream is None else stream
-    path = segment_path(name)
+    path = segment_path(name, dir)
     if size is None or size <= PROGRESS_ABOVE or os.path.exists(path):
-        return Rendezvous(name, size=size)
+        return Rendezvous(name, size=size, dir=dir)
     done = threading.Event()
 
     def report() -> None:
@@ -154,7 +177,7 @@ def open_showing_progress(name: str, size: "int | None", stream: "Any" = None) -
     reporter = threading.Thread(target=report, name="shmrdv-progress", daemon=True)
     reporter.start()
     try:
-        rdv = Rendezvous(name, size=size)
+        rdv = Rendezvous(name, size=size, dir=dir)
     finally:
         done.set()
         reporter.join()

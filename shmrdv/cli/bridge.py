@@ -15,12 +15,13 @@ from ..bridge.server import HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S
 from ..bridge.service import MAX_CONNECTIONS, MAX_PER_ADDRESS, Bridge, is_loopback, log
 from ..errors import InvalidArgument
 from ..segments import unlink_segment
-from ._common import (CommandError, UsageError, arena_bytes, describe, open_showing_progress, others, positive_int,
+from ._common import (CommandError, UsageError, add_dir_argument, arena_bytes, describe, open_showing_progress, others, positive_int,
                       rendezvous_name, seconds, seconds_or_zero)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", required=True, type=rendezvous_name, help="the rendezvous to serve (created if absent)")
+    add_dir_argument(p)
     p.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to accept bridges and clients on (port 0: any)")
     p.add_argument("--size", type=arena_bytes, default=None,
                    help="arena size when creating the rendezvous: bytes, or with a unit (64MiB, 1G); default 64 MiB")
@@ -85,7 +86,7 @@ def _configuration(args: argparse.Namespace) -> Tuple[str, int, bytes, Dict[str,
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s shmrdv-bridge %(levelname)s %(message)s")
     host, port, token, routes, tls = _configuration(args)
-    rdv = open_showing_progress(args.name, args.size)
+    rdv = open_showing_progress(args.name, args.size, dir=args.dir)
     settings = LinkSettings(deadline=args.deadline or None)
     bridge = Bridge(rdv, (host, port), token, tls, args.tls_ca, routes, settings, args.drain_timeout,
                     args.handshake_timeout, args.max_connections, args.max_per_address, args.idle_timeout)
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         created = getattr(rdv, "_created", False) and not any(p.alive for p in others(rdv.processes(), os.getpid()))
         rdv.close()
         if created:
-            unlink_segment(args.name)
+            unlink_segment(args.name, args.dir)
         raise CommandError(f"cannot listen on {host}:{port}: {describe(exc)}") from exc
     print(f"listening {bridge.address[0]}:{bridge.address[1]}", flush=True)
     try:

@@ -1,8 +1,8 @@
 """``shmrdv gc [NAME...] [--unlink-orphans]``: reclaim what dead processes
 held in every (or the named) rendezvous; with --unlink-orphans, also remove
 segments that no live process has attached (their pending messages go too).
-Without names it also removes private rendezvous whose creator is gone and
-that nobody has attached, and the segments of groups whose joining never
+Without names it also removes the files of private rendezvous that older
+versions left in /dev/shm, whose creator is gone and that nobody has attached, and the segments of groups whose joining never
 completed and whose rank 0 is gone. Other users' segments are never
 attached: without names they are passed by (named, status 0); named, they
 are an error (status 1)."""
@@ -11,9 +11,8 @@ import os
 import sys
 
 from ..group import sweep_stale_groups
-from ..rendezvous import Rendezvous
-from ..segments import foreign_owner, segment_names, sweep_dead_private, unlink_segment
-from ._common import SEGMENT_ERRORS, about, others, rendezvous_name
+from ..segments import foreign_owner, segment_dir, segment_names, sweep_dead_private, unlink_segment
+from ._common import SEGMENT_ERRORS, about, add_dir_argument, attach, others, rendezvous_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rendezvous to collect (default: all)")
     parser.add_argument("--unlink-orphans", action="store_true",
                         help="remove segments no live process has attached, pending messages included")
+    add_dir_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,11 +29,11 @@ def run(args: argparse.Namespace) -> int:
         for name in sweep_dead_private():
             print(f"{name}: private, its creator is gone and nobody has it attached: removed")
     passed_by = []
-    names = args.names or segment_names()
+    names = args.names or segment_names(args.dir)
     if not names:
-        print("no shmrdv segments in /dev/shm: nothing to collect")
+        print(f"no shmrdv segments in {segment_dir(args.dir)}: nothing to collect")
     for name in names:
-        owner = foreign_owner(name)
+        owner = foreign_owner(name, args.dir)
         if owner is not None:
             if not args.names:
                 passed_by.append(f"{name} ({owner})")
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
             failed = 1
             continue
         try:
-            with Rendezvous(name, create=False) as rdv:
+            with attach(name, args.dir) as rdv:
                 reclaimed = rdv.collect_garbage()
                 live = [p for p in others(rdv.processes(), os.getpid()) if p.alive]
                 pending = rdv.stats().pending_messages
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         line = f"{name}: {len(live)} live process(es) attached; dead reclaimed now: {reclaimed}"
         if args.unlink_orphans and not live:
             try:
-                unlink_segment(name)
+                unlink_segment(name, args.dir)
             except SEGMENT_ERRORS as exc:
                 print(f"{line}; not removed", flush=True)
                 print(f"shmrdv gc: {about(name, exc)}", file=sys.stderr)

@@ -6,7 +6,8 @@ them) unless ``--force``: then the rendezvous is aborted first, so that every
 process waiting in it wakes with ``Aborted("removed by shmrdv rm --force")``
 rather than waiting on a segment nobody can reach any more, and then removed.
 Processes still attached keep their mapping until they close; nothing is left
-in /dev/shm after. A segment that cannot be attached (damaged, or of another
+in the directory after (``--dir``, default $SHMRDV_DIR, else /dev/shm). A
+private rendezvous is no file: it goes when the handle that created it closes. A segment that cannot be attached (damaged, or of another
 layout version) is removed without asking. Another user's segment is never
 attached: only root may remove it, and only once no live process has it
 attached (with ``--force``, also when one has: its waits are not woken)."""
@@ -16,9 +17,8 @@ import sys
 from typing import List, Optional
 
 from ..group import remove_group
-from ..rendezvous import Rendezvous
-from ..segments import foreign_owner, segment_in_use, segment_path, unlink_segment
-from ._common import SEGMENT_ERRORS, about, others, rendezvous_name
+from ..segments import foreign_owner, private_pid, segment_in_use, segment_path, unlink_segment
+from ._common import SEGMENT_ERRORS, about, add_dir_argument, attach, others, rendezvous_name
 
 ABORT_REASON = "removed by shmrdv rm --force"
 
@@ -31,12 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group", action="store_true",
                         help="the names are groups' (shmrdv.Group): remove /dev/shm/shmrdv.group-NAME, which a "
                              "group has while it joins, or a job killed while joining leaves")
+    add_dir_argument(parser)
 
 
-def _live_pids(name: str, force: bool) -> Optional[List[int]]:
+def _live_pids(name: str, dir: Optional[str], force: bool) -> Optional[List[int]]:
     """The live processes attached to `name` (aborting it with --force), or None if it cannot be attached."""
     try:
-        with Rendezvous(name, create=False) as rdv:
+        with attach(name, dir) as rdv:
             live = [p.pid for p in others(rdv.processes(), os.getpid()) if p.alive]
             if live and force:
                 rdv.abort(ABORT_REASON)
@@ -48,20 +49,20 @@ def _live_pids(name: str, force: bool) -> Optional[List[int]]:
         return None
 
 
-def _remove_foreign(name: str, owner: str, force: bool) -> bool:
+def _remove_foreign(name: str, dir: Optional[str], owner: str, force: bool) -> bool:
     """Remove another user's segment without attaching to it; whether it was removed."""
     if os.geteuid() != 0:
         print(f"shmrdv rm: {name}: owned by {owner}, not by this user: only its owner or root can remove it",
               file=sys.stderr)
         return False
     try:
-        in_use = segment_in_use(name)
+        in_use = segment_in_use(name, dir)
         if in_use and not force:
             print(f"shmrdv rm: {name}: owned by {owner} and in use by live process(es); not removed (--force "
                   f"removes it, but cannot wake their waits: another user's segment is never attached)",
                   file=sys.stderr)
             return False
-        unlink_segment(name)
+        unlink_segment(name, dir)
     except SEGMENT_ERRORS as exc:
         print(f"shmrdv rm: {about(name, exc)}", file=sys.stderr)
         return False
@@ -98,14 +99,19 @@ def run(args: argparse.Namespace) -> int:
         return _remove_groups(args.names, args.force)
     failed = 0
     for name in args.names:
-        owner = foreign_owner(name)
+        if private_pid(name) is not None:
+            print(f"shmrdv rm: {name}: a private rendezvous is in memory, not in a file: it is removed when the "
+                  f"handle that created it closes, or its process ends", file=sys.stderr)
+            failed = 1
+            continue
+        owner = foreign_owner(name, args.dir)
         if owner is not None:
-            failed |= not _remove_foreign(name, owner, args.force)
+            failed |= not _remove_foreign(name, args.dir, owner, args.force)
             continue
         try:
-            if not os.path.exists(segment_path(name)):
+            if not os.path.exists(segment_path(name, args.dir)):
                 raise FileNotFoundError(2, "no such rendezvous", name)
-            live = _live_pids(name, args.force)
+            live = _live_pids(name, args.dir, args.force)
         except FileNotFoundError as exc:
             print(f"shmrdv rm: {about(name, exc)}", file=sys.stderr)
             failed = 1
@@ -117,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             failed = 1
             continue
         try:
-            unlink_segment(name)
+            unlink_segment(name, args.dir)
         except SEGMENT_ERRORS as exc:
             print(f"shmrdv rm: {about(name, exc)}", file=sys.stderr)
             failed = 1

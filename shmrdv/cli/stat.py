@@ -6,18 +6,18 @@ import argparse
 import os
 import time
 
-from ..rendezvous import Rendezvous
 from ..units import human_bytes
-from ._common import count, others, pages_text, rendezvous_name, shown_key
+from ._common import add_dir_argument, attach, count, others, pages_text, rendezvous_name, shown_key
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", type=rendezvous_name, help="the rendezvous name (its segment is /dev/shm/shmrdv-NAME)")
+    parser.add_argument("name", type=rendezvous_name, help="the rendezvous name (a named one's segment is DIR/shmrdv-NAME)")
+    add_dir_argument(parser)
     parser.add_argument("--keys", type=count, default=50, help="show at most this many keys (default 50)")
 
 
 def run(args: argparse.Namespace) -> int:
-    with Rendezvous(args.name, create=False) as rdv:
+    with attach(args.name, args.dir) as rdv:
         st, keys, procs, dead = rdv.stats(), rdv.keys(), others(rdv.processes(), os.getpid()), rdv.reclaimed_pids()
     print(f"rendezvous {args.name}{'  (ABORTED)' if st.aborted else ''}")
     print(f"  arena     {human_bytes(st.capacity)}: {human_bytes(st.bytes_used)} live in {st.live_blocks} blocks, "

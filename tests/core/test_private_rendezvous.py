@@ -1,14 +1,14 @@
 """``Rendezvous()`` with no name: a private rendezvous for this process tree.
 
 It gets a unique name, children it is passed to attach by pickling, and it is
-unlinked when the creating handle closes or the creating process exits
-normally; nothing is left in /dev/shm. What a creator killed by a signal
-leaves, the next private rendezvous (or shmrdv gc) removes, once nobody has
-it attached."""
+removed (nobody can attach to it any more) when the creating handle closes or
+the creating process exits; it is a memfd, so nothing is ever left in
+/dev/shm (tests/test_memfd.py: sealing, attaching, a killed creator). What
+older versions' creators killed by a signal left there (files), the next
+private rendezvous (or shmrdv gc) removes, once nobody has it attached."""
 
 import glob
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import shmrdv
-from shmrdv.leftovers import CREATOR_GRACE_S, pid_gone
+from shmrdv.leftovers import CREATOR_GRACE_S
 from shmrdv.segments import private_name
 
 from ..conftest import MiB, SHM_DIR, segment_path
@@ -33,6 +33,15 @@ print(rdv.recv("key"))
 
 def private_segments(pid: int):
     return glob.glob(os.path.join(SHM_DIR, f"shmrdv-private-{pid}-*"))
+
+
+def attachable(name: str) -> bool:
+    """Whether rendezvous ``name`` can be attached to by name (from this process)."""
+    try:
+        shmrdv.Rendezvous(name, create=False).close()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 @pytest.fixture
@@ -76,24 +85,24 @@ def test_a_private_rendezvous_has_a_unique_name_and_is_unlinked_when_closed(leav
     assert first.private and second.private
     assert first.name != second.name
     assert first.name.startswith(f"private-{os.getpid()}-")
-    assert os.path.exists(segment_path(first.name))
+    assert attachable(first.name) and not os.path.exists(segment_path(first.name))  # in memory, no file
     first.close()
-    assert not os.path.exists(segment_path(first.name))
+    assert not attachable(first.name)
     first.close()  # idempotent
     with second:
         second.send("k", np.arange(3))
-    assert not os.path.exists(segment_path(second.name))
+    assert not attachable(second.name)
 
 
 def test_a_garbage_collected_private_rendezvous_is_unlinked(leaves_nothing):
     rdv = shmrdv.Rendezvous(size=MiB)
-    path = segment_path(rdv.name)
+    name = rdv.name
     with pytest.warns(ResourceWarning):
         del rdv
         import gc
 
         gc.collect()
-    assert not os.path.exists(path)
+    assert not attachable(name)
 
 
 def test_handles_that_attach_by_name_never_unlink_it(leaves_nothing):
@@ -101,7 +110,7 @@ def test_handles_that_attach_by_name_never_unlink_it(leaves_nothing):
         with shmrdv.Rendezvous(rdv.name, create=False) as other:
             assert not other.private
             other.send("k", np.arange(3))
-        assert os.path.exists(segment_path(rdv.name))
+        assert attachable(rdv.name)
         np.testing.assert_array_equal(rdv.recv("k", timeout=5), [0, 1, 2])
 
 
@@ -144,7 +153,7 @@ def test_a_forked_child_that_exits_normally_leaves_it_to_the_parent():
             sys.exit(0)  # runs the child's exit handlers: they must not unlink the parent's rendezvous
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        assert os.path.exists("/dev/shm/shmrdv-" + rdv.name), "the child unlinked it"
+        shmrdv.Rendezvous(rdv.name, create=False).close()  # the child's exit left it attachable
         print(rdv.recv("from-child", timeout=10).tolist())
         """)
     result = run_python(code)
@@ -171,29 +180,42 @@ def test_a_spawned_child_given_the_rendezvous_sends_to_the_parent(children, leav
         rdv.send("ack", np.array([7]))
         children.join()
         assert child.exitcode == 0
-        assert os.path.exists(segment_path(rdv.name))  # the child's exit left it alone
+        assert attachable(rdv.name)  # the child's exit left it alone
     finally:
         rdv.close()
-    assert not os.path.exists(segment_path(rdv.name))
+    assert not attachable(rdv.name)
 
 
-def killed_creator(extra: str = "") -> str:
-    """The name of a private rendezvous whose creator was SIGKILLed (after
-    running extra), which therefore could not unlink it. Made under its
-    private name rather than by Rendezvous(), whose own sweep would remove
-    what earlier calls left."""
-    code = textwrap.dedent("""\
-        import os, signal
-        import shmrdv
-        from shmrdv.segments import private_name
-        rdv = shmrdv.Rendezvous(private_name(), size=1 << 20, create=True)
-        print(rdv.name, flush=True)
-        """) + textwrap.dedent(extra) + "os.kill(os.getpid(), signal.SIGKILL)\n"
-    process = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, timeout=60)
-    name = process.stdout.splitlines()[0].strip()
-    assert process.returncode == -signal.SIGKILL and name.startswith("private-")
-    assert os.path.exists(segment_path(name))  # nobody could unlink it
-    return name
+def dead_pid() -> int:
+    """The pid of a process that has ended."""
+    process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], stdout=subprocess.PIPE,
+                             text=True, timeout=60)
+    return int(process.stdout)
+
+
+def left_by_an_older_version(pid: int, holder: bool = False):
+    """The name of a private rendezvous file in /dev/shm, as an older
+    version (whose private rendezvous were files there) left it when its
+    creator, process ``pid``, was killed by a signal; with ``holder``,
+    also the process that still has it attached (its creator's forked
+    child, say). Made under another name and renamed, since this version
+    makes memfds for names of this form."""
+    scratch = f"t-{os.getpid()}-old-{os.urandom(4).hex()}"
+    shmrdv.Rendezvous(scratch, size=1 << 20, create=True).close()
+    process = None
+    if holder:
+        code = textwrap.dedent(f"""\
+            import sys, time
+            import shmrdv
+            rdv = shmrdv.Rendezvous({scratch!r}, create=False)
+            print("attached", flush=True)
+            time.sleep(60)
+            """)
+        process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert process.stdout.readline() == "attached\n"
+    name = f"private-{pid}-{os.urandom(6).hex()}"
+    os.rename(segment_path(scratch), segment_path(name))
+    return (name, process) if holder else name
 
 
 def remove_if_left(name: str) -> None:
@@ -204,28 +226,16 @@ def remove_if_left(name: str) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_killed_creator_leaves_it_for_gc_unlink_orphans():
-    name = killed_creator()
-    try:
-        gc = subprocess.run([sys.executable, "-m", "shmrdv", "gc", "--unlink-orphans", name],
-                            capture_output=True, text=True, timeout=60)
-        assert gc.returncode == 0, gc.stderr
-        assert not os.path.exists(segment_path(name))
-    finally:
-        remove_if_left(name)
-
-
-@pytest.mark.timeout(60)
-def test_the_next_private_rendezvous_or_gc_removes_what_a_killed_creator_left(leaves_nothing):
-    """A creator killed by a signal cannot unlink: the next Rendezvous()
-    on the machine (this user's) removes it, and so does a plain shmrdv gc."""
-    first, second = killed_creator(), killed_creator()
+def test_the_next_private_rendezvous_or_gc_removes_what_an_older_versions_killed_creator_left(leaves_nothing):
+    """A creator killed by a signal could not unlink its file: the next
+    Rendezvous() on the machine (this user's) removes it, and so does a
+    plain shmrdv gc."""
+    first, second = left_by_an_older_version(dead_pid()), left_by_an_older_version(dead_pid())
     time.sleep(CREATOR_GRACE_S)  # younger, they could be a creator's between its steps
     try:
-        with shmrdv.Rendezvous(size=1 << 20) as rdv:
+        with shmrdv.Rendezvous(size=1 << 20):
             assert not os.path.exists(segment_path(first)) and not os.path.exists(segment_path(second))
-            assert os.path.exists(segment_path(rdv.name))  # not ours, of course
-        third = killed_creator()
+        third = left_by_an_older_version(dead_pid())
         time.sleep(CREATOR_GRACE_S)
         gc = subprocess.run([sys.executable, "-m", "shmrdv", "gc"], capture_output=True, text=True, timeout=60)
         assert gc.returncode == 0, gc.stderr
@@ -237,36 +247,24 @@ def test_the_next_private_rendezvous_or_gc_removes_what_a_killed_creator_left(le
 
 
 @pytest.mark.timeout(60)
-def test_a_private_rendezvous_a_live_process_still_has_stays(leaves_nothing):
-    """Its creator is gone, but a child it forked still has it attached:
-    neither the next Rendezvous() nor shmrdv gc removes it; once the child
-    is gone too, the next one does."""
-    name = killed_creator("""\
-        import time
-        ready, told = os.pipe()
-        if os.fork() == 0:  # the child attaches, says so, and stays a while
-            child = shmrdv.Rendezvous(rdv.name, create=False)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # our caller reads stdout to its end
-            os.write(told, b"x")
-            time.sleep(30)
-            os._exit(0)
-        os.read(ready, 1)
-        """)
+def test_an_older_versions_private_rendezvous_a_live_process_still_has_stays(leaves_nothing):
+    """Its creator is gone, but a process still has it attached: neither
+    the next Rendezvous() nor shmrdv gc removes it; once that process is
+    gone too, the next one does."""
+    name, holder = left_by_an_older_version(dead_pid(), holder=True)
     time.sleep(CREATOR_GRACE_S)
     try:
-        with shmrdv.Rendezvous(name, create=False) as rdv:
-            holder = next(p for p in rdv.processes() if p.alive and p.pid != os.getpid())
         with shmrdv.Rendezvous(size=1 << 20):
             assert os.path.exists(segment_path(name))
         gc = subprocess.run([sys.executable, "-m", "shmrdv", "gc"], capture_output=True, text=True, timeout=60)
         assert gc.returncode == 0 and os.path.exists(segment_path(name)), gc.stdout + gc.stderr
-        os.kill(holder.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while not pid_gone(holder.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        holder.kill()
+        holder.wait()
         with shmrdv.Rendezvous(size=1 << 20):
             assert not os.path.exists(segment_path(name))
     finally:
+        holder.kill()
+        holder.wait()
         remove_if_left(name)
 
 
