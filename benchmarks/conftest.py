@@ -159,17 +159,22 @@ def report(pytestconfig: pytest.Config) -> list[str]:
     return pytestconfig.stash.setdefault(_REPORT_KEY, [])
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Every benchmark is slow: pytest -m 'not slow' leaves them out (marked
+    as collected, before the selection by marks)."""
+    if Path(str(item.fspath)).resolve().parent == _HERE:
+        item.add_marker(pytest.mark.slow)
+
+
+_HERE = Path(__file__).resolve().parent
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every benchmark is slow (pytest -m 'not slow' leaves them out).
-    Within each module, the benchmarks that use a peer run transport by
+    """Within each module, the benchmarks that use a peer run transport by
     transport (in the order transports first appear), so each transport's
     child is spawned once per module and released before the next one's
     (see ``Peers``). Other benchmarks keep their place."""
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if Path(str(item.fspath)).resolve().parent == here:
-            item.add_marker(pytest.mark.slow)
     start = 0
     while start < len(items):
         end = start
