@@ -3,6 +3,7 @@ job runner sends) or Ctrl-C (SIGINT to the whole process group) while
 segments exist and a peer child streams, and afterwards no segment of the run
 is in /dev/shm and none of its processes is alive. Segments of a run killed
 outright (SIGKILL) are unlinked by the next run."""
+import contextlib
 import glob
 import os
 import signal
@@ -40,7 +41,17 @@ def _marked(value: str) -> list:
 
 
 def _segments(pid: int) -> list:
-    return glob.glob(f"/dev/shm/shmrdv-bench-{pid}-*")
+    """The run's named segments in /dev/shm (huge pages), and the private
+    ones (memfds) its process holds: those the kernel frees with it."""
+    held = []
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(f"/memfd:shmrdv-private-{pid}-"):
+                    held.append(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        pass  # gone
+    return glob.glob(f"/dev/shm/shmrdv-bench-{pid}-*") + held
 
 
 def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen) -> None:
@@ -88,7 +99,7 @@ def test_an_interrupted_benchmark_run_leaves_nothing_behind(how):
             proc.communicate()
         for pid in _marked(marker):  # only processes this test started carry the marker
             os.kill(pid, signal.SIGKILL)
-        for path in _segments(proc.pid):
+        for path in glob.glob(f"/dev/shm/shmrdv-bench-{proc.pid}-*"):
             os.unlink(path)
 
 
