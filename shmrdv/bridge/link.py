@@ -470,49 +470,55 @@ class Link:
 
     def _write(self, sock: socket.socket) -> None:
         while True:
-            with self._cond:
-                while True:
-                    if self._stopping or self._broken:
-                        raise ConnectionLost("link closed")
-                    wait = self._admit()
-                    if self._active and not self._writer_busy:
-                        break
-                    self._cond.wait(wait)
-                out = self._active.popleft()
-                out.writing = True
-                self._writer_busy = True
-            parts: List[Any] = []
-            if not out.meta_sent:
-                parts.append(out.meta)
-                out.meta_sent = True
-            n = min(protocol.CHUNK, out.payload.nbytes - out.offset)
-            if n:
-                parts += [protocol.header(Frame.DATA, n, out.seq), out.payload[out.offset : out.offset + n]]
-                out.offset += n
-            try:
-                protocol.send_all(sock, parts)
-            except ConnectionLost:
-                with self._cond:
-                    self._writer_busy = out.writing = False
-                    self._cond.notify_all()
-                raise
-            # One hold of the lock from here on: between freeing the socket
-            # and passing the key to its next message, an idle-looking link
-            # would let submit() write a later message of the key first.
+            self._write_piece(sock)
+
+    def _write_piece(self, sock: socket.socket) -> None:
+        """Wait for a message to write and write its next piece. One piece
+        per call: a message's envelope block is freed when the ACK drops the
+        last reference to it, so none may outlive its turn in a local."""
+        with self._cond:
+            while True:
+                if self._stopping or self._broken:
+                    raise ConnectionLost("link closed")
+                wait = self._admit()
+                if self._active and not self._writer_busy:
+                    break
+                self._cond.wait(wait)
+            out = self._active.popleft()
+            out.writing = True
+            self._writer_busy = True
+        parts: List[Any] = []
+        if not out.meta_sent:
+            parts.append(out.meta)
+            out.meta_sent = True
+        n = min(protocol.CHUNK, out.payload.nbytes - out.offset)
+        if n:
+            parts += [protocol.header(Frame.DATA, n, out.seq), out.payload[out.offset : out.offset + n]]
+            out.offset += n
+        try:
+            protocol.send_all(sock, parts)
+        except ConnectionLost:
             with self._cond:
                 self._writer_busy = out.writing = False
-                self._cond.notify_all()  # send_abort may be waiting for the socket
-                if out.offset < out.payload.nbytes:
-                    self._active.append(out)
-                    continue
-                waiting = self._key_waiters.get(out.key)
-                if waiting:
-                    self._active.append(waiting.popleft())
-                else:
-                    self._key_waiters.pop(out.key, None)
-                    self._busy_keys.discard(out.key)
-                if out.retry:
-                    self._requeue(out)
+                self._cond.notify_all()
+            raise
+        # One hold of the lock from here on: between freeing the socket
+        # and passing the key to its next message, an idle-looking link
+        # would let submit() write a later message of the key first.
+        with self._cond:
+            self._writer_busy = out.writing = False
+            self._cond.notify_all()  # send_abort may be waiting for the socket
+            if out.offset < out.payload.nbytes:
+                self._active.append(out)
+                return
+            waiting = self._key_waiters.get(out.key)
+            if waiting:
+                self._active.append(waiting.popleft())
+            else:
+                self._key_waiters.pop(out.key, None)
+                self._busy_keys.discard(out.key)
+            if out.retry:
+                self._requeue(out)
 
     def _admit(self) -> Optional[float]:
         """Move queued messages into the active set while the window allows;
@@ -548,29 +554,7 @@ class Link:
                 kind, length, stream = reader.header()
                 body = reader.body(length)
                 if kind is Frame.ACK:
-                    status, code, message = protocol.parse_ack(body)
-                    if status is Ack.REFUSED:
-                        # A send that returned can never be delivered: fail
-                        # the step, as TensorFlow does, rather than drop it
-                        # quietly. (A refusal because the remote rendezvous
-                        # is aborted just repeats that abort.)
-                        out = self._unacked.get(stream)
-                        what = out.key.decode("utf-8", "replace") if out is not None else f"message {stream}"
-                        why = type(protocol.error_for(code, message)).__name__
-                        self._on_fatal(f"bridge {self.url} refused {what!r} for good: {why}: {message}")
-                    with self._cond:
-                        out = self._unacked.get(stream)
-                        if out is None:
-                            continue
-                        if status is Ack.RETRY:
-                            # Resent once fully written out (the remote is
-                            # discarding its DATA until then).
-                            out.retry = True
-                            if not out.writing and out.meta_sent and out.offset == out.payload.nbytes and out not in self._active:
-                                self._requeue(out)
-                            continue
-                        self._done(stream)
-                        self._cond.notify_all()
+                    self._on_ack(stream, body)
                 elif kind is Frame.ABORT:
                     self._on_abort(protocol.parse_text(body))
                 else:
@@ -583,6 +567,34 @@ class Link:
                 self._broken = True
                 self._cond.notify_all()
             self._drop_socket()
+
+    def _on_ack(self, stream: int, body: bytes) -> None:
+        """The remote's answer to message `stream`. A method of its own so
+        that no reference to the message outlives it: the envelope's block
+        is freed when _done drops the last one."""
+        status, code, message = protocol.parse_ack(body)
+        if status is Ack.REFUSED:
+            # A send that returned can never be delivered: fail
+            # the step, as TensorFlow does, rather than drop it
+            # quietly. (A refusal because the remote rendezvous
+            # is aborted just repeats that abort.)
+            out = self._unacked.get(stream)
+            what = out.key.decode("utf-8", "replace") if out is not None else f"message {stream}"
+            why = type(protocol.error_for(code, message)).__name__
+            self._on_fatal(f"bridge {self.url} refused {what!r} for good: {why}: {message}")
+        with self._cond:
+            out = self._unacked.get(stream)
+            if out is None:
+                return
+            if status is Ack.RETRY:
+                # Resent once fully written out (the remote is
+                # discarding its DATA until then).
+                out.retry = True
+                if not out.writing and out.meta_sent and out.offset == out.payload.nbytes and out not in self._active:
+                    self._requeue(out)
+                return
+            self._done(stream)
+            self._cond.notify_all()
 
     def _done(self, seq: int) -> None:
         out = self._unacked.pop(seq)

@@ -459,7 +459,9 @@ class Bridge:
             env = self._read(view)
             if env is not None:
                 self._dispatch(env, view)
-            del view
+            # The link frees the envelope's block on its ACK by dropping the
+            # last reference to it: none may stay here while we wait for the next.
+            del view, env
 
     def _link(self, url: str, token: bytes, tls_ca: Optional[str]) -> Link:
         key = (url, token, tls_ca or self._tls_ca)
