@@ -21,7 +21,7 @@ import ssl
 import struct
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from . import auth, backoff, outbox, protocol
 from .backoff import Backoff
@@ -248,6 +248,15 @@ class Outgoing:
         self.meta = protocol.encode_meta(Frame.MSG, self.seq, env.key, env.dtype_code, env.shape, self.payload.nbytes)
 
 
+def _from_the_start(messages: Iterable[Outgoing]) -> None:
+    """Every message to be written again from its first byte, on a new
+    connection. A function of its own, so that its loop variable does not
+    keep the last message (and its envelope's block) for the connection's
+    life."""
+    for out in messages:
+        out.meta_sent, out.offset, out.retry, out.writing = False, 0, False, False
+
+
 class Link:
     """Everything bound for one remote bridge."""
 
@@ -451,8 +460,7 @@ class Link:
             for seq in [s for s in self._unacked if protocol.window_has(base, bits, s)]:
                 self._done(seq)
             self._queue = collections.deque(self._unacked[s] for s in sorted(self._unacked))
-            for out in self._queue:
-                out.meta_sent, out.offset, out.retry, out.writing = False, 0, False, False
+            _from_the_start(self._queue)
             self._active.clear()
             self._busy_keys.clear()
             self._key_waiters.clear()
