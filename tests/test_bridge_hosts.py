@@ -7,6 +7,9 @@ in every message, one TF-style key per stream, routed per host).
   where the kernel has sch_netem, every packet delayed 1 ms ± 0.5 ms and 1 %
   lost): every message arrives exactly once, in order, intact.
 * A host cut off for less than --deadline: the same.
+* A host cut off for longer: the bridge sending to it aborts its rendezvous
+  with a reason naming the route, and nothing else fails; the cut-off host
+  has every message up to the cut, once and in order.
 
 N = 4; 8 with ``-m slow``. Nothing here asserts a time: the figures each
 test prints (messages and MB per second through the bridges) are for
@@ -129,3 +132,46 @@ def test_partition_shorter_than_deadline_loses_nothing(net):
         assert not r["errors"] and not r["aborted"], f"h{r['host']}: {r['errors']}"
     total = assert_exactly_once(reports, [(s, d) for s in range(n) for d in others(net, s)])
     report_rate("all to all, h1 cut off for 3 s", total, time.monotonic() - start, net)
+
+
+def test_partition_past_deadline_aborts_the_sender_only(net):
+    """h0 streams to h1 and h2 <-> h3 stream to each other; h1 is cut off
+    for longer than h0's bridge's 4 s --deadline. h0's rendezvous is aborted
+    with a reason naming the route to h1; h1 keeps every message it had,
+    once and in order; h2 and h3 never notice. (h1 stays cut off until the
+    abort's message to it has given up: told, it would be aborted too.)"""
+    deadline_s = 4.0
+    net.start_bridge(0, routes=[1], extra=["--deadline", str(deadline_s)])
+    net.start_bridge(1, routes=[])
+    net.start_bridge(2, routes=[3])
+    net.start_bridge(3, routes=[2])
+    # h1's streams end when nothing came for 25 s: past the abort, and past
+    # what the heal may still let through (bytes sent before the cut).
+    h1_idle_s = 25.0
+    procs = [net.traffic(0, [1], [], seconds=60.0, pause=PACE_S),
+             net.traffic(1, [], [0], recv_timeout=h1_idle_s),
+             net.traffic(2, [3], [3], seconds=10.0, pause=PACE_S),
+             net.traffic(3, [2], [2], seconds=10.0, pause=PACE_S)]
+    for p in procs:
+        p.expect("ready", 60)
+    time.sleep(2.0)
+    net.partition(1)
+    cut = time.monotonic()
+    try:
+        procs[0].expect("sent", deadline_s + 40)  # its sends end: Aborted
+        aborted_after = time.monotonic() - cut
+        time.sleep(5.0)  # past the 2 s an abort waits to reach each route's bridge
+    finally:
+        net.heal(1)
+    reports = finish(procs, h1_idle_s)
+    h0, h1 = reports[0], reports[1]
+    assert h0["aborted"] and net.hosts[1].url in h0["aborted"], h0["errors"]
+    assert all("Aborted" in e for e in h0["errors"]), h0["errors"]
+    assert not h1["aborted"] and not h1["anomalies"], h1
+    # h1's streams stopped where the cut was: a timeout, nothing else
+    assert all("RendezvousTimeout" in e for e in h1["errors"]), h1["errors"]
+    assert all(0 < h1["received"].get(f"0/{k}", 0) <= h0["sent"][f"1/{k}"] for k in range(2)), (h0["sent"], h1["received"])
+    for r in (reports[2], reports[3]):
+        assert not r["errors"] and not r["aborted"], f"h{r['host']}: {r['errors']}"
+    assert_exactly_once(reports, [(2, 3), (3, 2)])
+    print(f"\nh0 aborted {aborted_after:.1f} s after h1 was cut off (--deadline {deadline_s:g}): {h0['aborted']}")

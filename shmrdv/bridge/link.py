@@ -279,6 +279,7 @@ class Link:
         self._sock: Optional[socket.socket] = None
         self._writer_busy = False  # a thread is writing to the socket, outside the lock
         self._broken = False
+        self._lost_because: Optional[Exception] = None  # why the ACK reader ended the connection
         self._stopping = False
         for env, view in sorted(recovered, key=lambda item: item[0].seq):
             self._take_recovered(env, view)
@@ -425,14 +426,23 @@ class Link:
                 if down_since is None:
                     down_since = now
                     log.log(logging.WARNING if ever_up else logging.INFO, "link to %s is down: %s", self.url, exc)
-                if self._overdue(now):
-                    self._on_fatal(f"bridge {self.url} unreachable for {now - down_since:.0f} s: {exc}")
+                waited = self._oldest_wait(now)
+                if self._settings.deadline is not None and waited > self._settings.deadline:
+                    self._on_fatal(f"bridge {self.url} unreachable: a message for it has waited {waited:.0f} s, past "
+                                   f"the deadline of {self._settings.deadline:g} s (--deadline): {exc}")
                     return
                 with self._cond:
                     self._cond.wait(reconnect.next())
                 continue
             log.info("link to %s is up", self.url)
             down_since, ever_up = None, True
+            # A remote host cut off now fails this connection once the
+            # deadline passes without an answer from its TCP, and the
+            # reconnects that follow find its messages past the deadline.
+            # Otherwise TCP would retransmit for a quarter of an hour.
+            protocol.keep_alive(sock)
+            if self._settings.deadline is not None:
+                protocol.drop_when_unanswered(sock, self._settings.deadline)
             started = time.monotonic()
             self._serve(sock, reader, base, bits)
             if time.monotonic() - started < _STABLE_S:
@@ -443,13 +453,11 @@ class Link:
             else:
                 reconnect.reset()
 
-    def _overdue(self, now: float) -> bool:
-        deadline = self._settings.deadline
-        if deadline is None:
-            return False
+    def _oldest_wait(self, now: float) -> float:
+        """How long the oldest message not yet acknowledged has waited (0: none)."""
         with self._cond:
             oldest = min((o.since for o in self._unacked.values()), default=now)
-        return now - oldest > deadline
+        return now - oldest
 
     def _serve(self, sock: socket.socket, reader: protocol.Reader, base: int, bits: int) -> None:
         with self._cond:
@@ -465,13 +473,14 @@ class Link:
             self._busy_keys.clear()
             self._key_waiters.clear()
             self._broken = False
+            self._lost_because = None
         acks = threading.Thread(target=self._read_acks, args=(reader,), name=f"shmrdv-acks-{self.url}", daemon=True)
         acks.start()
         try:
             self._write(sock)
         except ConnectionLost as exc:
             if not self._stopping:
-                log.warning("link to %s lost: %s", self.url, exc)
+                log.warning("link to %s lost: %s", self.url, self._lost_because or exc)
         finally:
             self._drop_socket()
             acks.join()
@@ -570,6 +579,7 @@ class Link:
         except (ConnectionLost, ProtocolError) as exc:
             if not isinstance(exc, ConnectionLost):
                 log.warning("link to %s: %s", self.url, exc)
+            self._lost_because = exc  # the writer says why it stopped
         finally:
             with self._cond:
                 self._broken = True

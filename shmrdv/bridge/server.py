@@ -37,9 +37,6 @@ IDLE_TIMEOUT_S = 60.0
 message or frame begun, an item not acknowledged) or leave what we send
 unread, before it is dropped and what it held is freed (--idle-timeout)."""
 _CALLBACK_WAIT_S = 5.0  # how long a closing connection waits for the completion thread to finish its RECVs
-# Keepalive probes find a peer whose host vanished even while it owes us
-# nothing: 30 s of silence, then 3 probes 10 s apart.
-_KEEPALIVE = ((socket.TCP_KEEPIDLE, 30), (socket.TCP_KEEPINTVL, 10), (socket.TCP_KEEPCNT, 3))
 
 
 def _unsent_bytes(sock: socket.socket) -> int:
@@ -49,12 +46,6 @@ def _unsent_bytes(sock: socket.socket) -> int:
     except OSError:
         return 0
     return struct.unpack("i", out)[0]
-
-
-def keep_alive(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for option, value in _KEEPALIVE:
-        sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 class _Incoming:

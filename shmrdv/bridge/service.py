@@ -19,7 +19,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import outbox
 from .link import Link, LinkSettings
-from .server import HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S, Inbound, keep_alive
+from .protocol import keep_alive
+from .server import HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S, Inbound
 
 MAX_CONNECTIONS = 1024
 """Connections a bridge serves at once, by default (--max-connections)."""
