@@ -285,6 +285,10 @@ def _remove(tag: str) -> None:
         for path in state.iterdir():
             path.unlink()
         state.rmdir()
+    try:
+        STATE_DIR.rmdir()
+    except OSError:
+        pass  # absent, or another network's state is in it
 
 
 def remove_leftovers() -> None:
