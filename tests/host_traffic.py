@@ -48,6 +48,11 @@ def body_words(seq: int) -> int:
     return BIG_WORDS if seq % BIG_EVERY == BIG_EVERY - 1 else BODY_WORDS[seq % len(BODY_WORDS)]
 
 
+def stream_bytes(count: int) -> int:
+    """The payload bytes of a stream's first count messages."""
+    return sum(8 * (HEAD_WORDS + body_words(seq)) for seq in range(count))
+
+
 def message(src: int, k: int, seq: int, flags: int = 0) -> np.ndarray:
     n = body_words(seq)
     msg = np.empty(HEAD_WORDS + n, np.int64)

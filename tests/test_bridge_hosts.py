@@ -12,14 +12,15 @@ in every message, one TF-style key per stream, routed per host).
   has every message up to the cut, once and in order.
 
 N = 4; 8 with ``-m slow``. Nothing here asserts a time: the figures each
-test prints (messages and MB per second through the bridges) are for
-reading, with ``-s``.
+test prints (messages and MB per second through the bridges, at the
+streams' pace) are for reading, with ``-s``.
 """
 import json
 import time
 
 import pytest
 
+from .host_traffic import stream_bytes
 from .hosts import Network, network_or_skip
 
 pytestmark = pytest.mark.timeout(300)
@@ -59,15 +60,15 @@ def finish(procs, send_s: float) -> dict:
     return {p.host.index: json.loads(p.expect("{", 30)) for p in procs}
 
 
-def assert_exactly_once(reports: dict, pairs, keys: int = 2) -> int:
+def assert_exactly_once(reports: dict, pairs, keys: int = 2) -> "tuple[int, int]":
     """Every stream src -> dst of pairs arrived whole, once, in order: what
     dst received is what src sent, the last message included. Returns how
-    many messages crossed."""
+    many messages, and how many payload bytes, crossed."""
     for r in reports.values():
         assert not r["anomalies"], f"h{r['host']}: {r['anomalies'][:10]}"
     for host in {h for pair in pairs for h in pair}:
         assert reports[host]["quiet"], f"h{host} still had messages in flight when the streams were checked"
-    total = 0
+    total = nbytes = 0
     for src, dst in pairs:
         for k in range(keys):
             sent = reports[src]["sent"].get(f"{dst}/{k}", 0)
@@ -75,12 +76,18 @@ def assert_exactly_once(reports: dict, pairs, keys: int = 2) -> int:
             assert got == sent and f"{src}/{k}" in reports[dst]["complete"], \
                 f"stream h{src} -> h{dst} key {k}: sent {sent}, received {got} in order; errors: {reports[dst]['errors']}"
             total += sent
-    return total
+            nbytes += stream_bytes(sent)
+    return total, nbytes
 
 
-def report_rate(what: str, messages: int, seconds: float, net: Network) -> None:
-    print(f"\n{what}: {messages} messages among {len(net.hosts)} hosts in {seconds:.1f} s, "
-          f"{messages / seconds:.0f} messages/s{' under netem ' + net.netem if net.netem else ''}")
+def report_rate(what: str, crossed: "tuple[int, int]", seconds: float, net: Network) -> None:
+    """Print what crossed, per second. The streams are paced (PACE_S): the
+    figures say what the pace let through, all failures included, not what
+    the bridges can carry."""
+    messages, nbytes = crossed
+    print(f"\n{what}: {messages} messages, {nbytes / 1e6:.0f} MB among {len(net.hosts)} hosts in {seconds:.1f} s: "
+          f"{messages / seconds:.0f} messages/s, {nbytes / 1e6 / seconds:.1f} MB/s"
+          f"{' under netem ' + net.netem if net.netem else ''}")
 
 
 @pytest.mark.parametrize("net", HOSTS, indirect=True)
@@ -111,8 +118,8 @@ def test_all_to_all_exactly_once_through_kills_and_flaps(net, network):
     elapsed = time.monotonic() - start
     for r in reports.values():
         assert not r["errors"] and not r["aborted"], f"h{r['host']}: {r['errors']}"
-    total = assert_exactly_once(reports, [(s, d) for s in range(n) for d in others(net, s)])
-    report_rate(f"all to all through {', '.join(events)}", total, elapsed, net)
+    crossed = assert_exactly_once(reports, [(s, d) for s in range(n) for d in others(net, s)])
+    report_rate(f"all to all through {', '.join(events)}", crossed, elapsed, net)
 
 
 @pytest.mark.parametrize("net", HOSTS, indirect=True)
@@ -130,8 +137,8 @@ def test_partition_shorter_than_deadline_loses_nothing(net):
     reports = finish(procs, 8.0)
     for r in reports.values():
         assert not r["errors"] and not r["aborted"], f"h{r['host']}: {r['errors']}"
-    total = assert_exactly_once(reports, [(s, d) for s in range(n) for d in others(net, s)])
-    report_rate("all to all, h1 cut off for 3 s", total, time.monotonic() - start, net)
+    crossed = assert_exactly_once(reports, [(s, d) for s in range(n) for d in others(net, s)])
+    report_rate("all to all, h1 cut off for 3 s", crossed, time.monotonic() - start, net)
 
 
 def test_partition_past_deadline_aborts_the_sender_only(net):
