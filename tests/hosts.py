@@ -166,12 +166,14 @@ class Network:
         """Stop every process, remove every namespace and mount (and with the
         mount namespaces, each host's /dev/shm). Runs every step whatever
         the others did."""
-        for p in self.processes:
-            p.kill()
-        for h in self.hosts:
-            if h.bridge is not None:
-                h.bridge.kill()
-        _remove(self.tag)
+        try:
+            for p in self.processes:
+                p.kill()
+            for h in self.hosts:
+                if h.bridge is not None:
+                    h.bridge.kill()
+        finally:
+            _remove(self.tag)  # kills whatever still runs in the namespaces, too
 
     # ---- bridges and programs ----------------------------------------------------
 
