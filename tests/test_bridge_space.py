@@ -50,7 +50,7 @@ def test_arenas_full_of_messages_for_each_other(tmp_path):
         with h.a.alloc(ab, shape, np.int64, timeout=10) as out_a, h.b.alloc(ba, shape, np.int64, timeout=10) as out_b:
             out_a[:] = 1
             out_b[:] = 2
-        assert h.b.recv(ab, timeout=10)[0] == 1
-        assert h.a.recv(ba, timeout=10)[0] == 2
+        assert h.b.recv(ab, timeout=5)[0] == 1
+        assert h.a.recv(ba, timeout=5)[0] == 2
     finally:
         h.close()
