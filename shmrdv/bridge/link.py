@@ -21,7 +21,7 @@ import ssl
 import struct
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from . import auth, backoff, outbox, protocol
 from .backoff import Backoff
@@ -248,6 +248,15 @@ class Outgoing:
         self.meta = protocol.encode_meta(Frame.MSG, self.seq, env.key, env.dtype_code, env.shape, self.payload.nbytes)
 
 
+def _from_the_start(messages: Iterable[Outgoing]) -> None:
+    """Every message to be written again from its first byte, on a new
+    connection. A function of its own, so that its loop variable does not
+    keep the last message (and its envelope's block) for the connection's
+    life."""
+    for out in messages:
+        out.meta_sent, out.offset, out.retry, out.writing = False, 0, False, False
+
+
 class Link:
     """Everything bound for one remote bridge."""
 
@@ -270,6 +279,7 @@ class Link:
         self._sock: Optional[socket.socket] = None
         self._writer_busy = False  # a thread is writing to the socket, outside the lock
         self._broken = False
+        self._lost_because: Optional[Exception] = None  # why the ACK reader ended the connection
         self._stopping = False
         for env, view in sorted(recovered, key=lambda item: item[0].seq):
             self._take_recovered(env, view)
@@ -416,14 +426,23 @@ class Link:
                 if down_since is None:
                     down_since = now
                     log.log(logging.WARNING if ever_up else logging.INFO, "link to %s is down: %s", self.url, exc)
-                if self._overdue(now):
-                    self._on_fatal(f"bridge {self.url} unreachable for {now - down_since:.0f} s: {exc}")
+                waited = self._oldest_wait(now)
+                if self._settings.deadline is not None and waited > self._settings.deadline:
+                    self._on_fatal(f"bridge {self.url} unreachable: a message for it has waited {waited:.0f} s, past "
+                                   f"the deadline of {self._settings.deadline:g} s (--deadline): {exc}")
                     return
                 with self._cond:
                     self._cond.wait(reconnect.next())
                 continue
             log.info("link to %s is up", self.url)
             down_since, ever_up = None, True
+            # A remote host cut off now fails this connection once the
+            # deadline passes without an answer from its TCP, and the
+            # reconnects that follow find its messages past the deadline.
+            # Otherwise TCP would retransmit for a quarter of an hour.
+            protocol.keep_alive(sock)
+            if self._settings.deadline is not None:
+                protocol.drop_when_unanswered(sock, self._settings.deadline)
             started = time.monotonic()
             self._serve(sock, reader, base, bits)
             if time.monotonic() - started < _STABLE_S:
@@ -434,13 +453,11 @@ class Link:
             else:
                 reconnect.reset()
 
-    def _overdue(self, now: float) -> bool:
-        deadline = self._settings.deadline
-        if deadline is None:
-            return False
+    def _oldest_wait(self, now: float) -> float:
+        """How long the oldest message not yet acknowledged has waited (0: none)."""
         with self._cond:
             oldest = min((o.since for o in self._unacked.values()), default=now)
-        return now - oldest > deadline
+        return now - oldest
 
     def _serve(self, sock: socket.socket, reader: protocol.Reader, base: int, bits: int) -> None:
         with self._cond:
@@ -451,68 +468,74 @@ class Link:
             for seq in [s for s in self._unacked if protocol.window_has(base, bits, s)]:
                 self._done(seq)
             self._queue = collections.deque(self._unacked[s] for s in sorted(self._unacked))
-            for out in self._queue:
-                out.meta_sent, out.offset, out.retry, out.writing = False, 0, False, False
+            _from_the_start(self._queue)
             self._active.clear()
             self._busy_keys.clear()
             self._key_waiters.clear()
             self._broken = False
+            self._lost_because = None
         acks = threading.Thread(target=self._read_acks, args=(reader,), name=f"shmrdv-acks-{self.url}", daemon=True)
         acks.start()
         try:
             self._write(sock)
         except ConnectionLost as exc:
             if not self._stopping:
-                log.warning("link to %s lost: %s", self.url, exc)
+                log.warning("link to %s lost: %s", self.url, self._lost_because or exc)
         finally:
             self._drop_socket()
             acks.join()
 
     def _write(self, sock: socket.socket) -> None:
         while True:
-            with self._cond:
-                while True:
-                    if self._stopping or self._broken:
-                        raise ConnectionLost("link closed")
-                    wait = self._admit()
-                    if self._active and not self._writer_busy:
-                        break
-                    self._cond.wait(wait)
-                out = self._active.popleft()
-                out.writing = True
-                self._writer_busy = True
-            parts: List[Any] = []
-            if not out.meta_sent:
-                parts.append(out.meta)
-                out.meta_sent = True
-            n = min(protocol.CHUNK, out.payload.nbytes - out.offset)
-            if n:
-                parts += [protocol.header(Frame.DATA, n, out.seq), out.payload[out.offset : out.offset + n]]
-                out.offset += n
-            try:
-                protocol.send_all(sock, parts)
-            except ConnectionLost:
-                with self._cond:
-                    self._writer_busy = out.writing = False
-                    self._cond.notify_all()
-                raise
-            # One hold of the lock from here on: between freeing the socket
-            # and passing the key to its next message, an idle-looking link
-            # would let submit() write a later message of the key first.
+            self._write_piece(sock)
+
+    def _write_piece(self, sock: socket.socket) -> None:
+        """Wait for a message to write and write its next piece. One piece
+        per call: a message's envelope block is freed when the ACK drops the
+        last reference to it, so none may outlive its turn in a local."""
+        with self._cond:
+            while True:
+                if self._stopping or self._broken:
+                    raise ConnectionLost("link closed")
+                wait = self._admit()
+                if self._active and not self._writer_busy:
+                    break
+                self._cond.wait(wait)
+            out = self._active.popleft()
+            out.writing = True
+            self._writer_busy = True
+        parts: List[Any] = []
+        if not out.meta_sent:
+            parts.append(out.meta)
+            out.meta_sent = True
+        n = min(protocol.CHUNK, out.payload.nbytes - out.offset)
+        if n:
+            parts += [protocol.header(Frame.DATA, n, out.seq), out.payload[out.offset : out.offset + n]]
+            out.offset += n
+        try:
+            protocol.send_all(sock, parts)
+        except ConnectionLost:
             with self._cond:
                 self._writer_busy = out.writing = False
-                self._cond.notify_all()  # send_abort may be waiting for the socket
-                if out.offset < out.payload.nbytes:
-                    self._active.append(out)
-                    continue
-                waiting = self._key_waiters.get(out.key)
-                if waiting:
-                    self._active.append(waiting.popleft())
-                else:
-                    self._key_waiters.pop(out.key, None)
-                    self._busy_keys.discard(out.key)
-                if out.retry:
-                    self._requeue(out)
+                self._cond.notify_all()
+            raise
+        # One hold of the lock from here on: between freeing the socket
+        # and passing the key to its next message, an idle-looking link
+        # would let submit() write a later message of the key first.
+        with self._cond:
+            self._writer_busy = out.writing = False
+            self._cond.notify_all()  # send_abort may be waiting for the socket
+            if out.offset < out.payload.nbytes:
+                self._active.append(out)
+                return
+            waiting = self._key_waiters.get(out.key)
+            if waiting:
+                self._active.append(waiting.popleft())
+            else:
+                self._key_waiters.pop(out.key, None)
+                self._busy_keys.discard(out.key)
+            if out.retry:
+                self._requeue(out)
 
     def _admit(self) -> Optional[float]:
         """Move queued messages into the active set while the window allows;
@@ -548,29 +571,7 @@ class Link:
                 kind, length, stream = reader.header()
                 body = reader.body(length)
                 if kind is Frame.ACK:
-                    status, code, message = protocol.parse_ack(body)
-                    if status is Ack.REFUSED:
-                        # A send that returned can never be delivered: fail
-                        # the step, as TensorFlow does, rather than drop it
-                        # quietly. (A refusal because the remote rendezvous
-                        # is aborted just repeats that abort.)
-                        out = self._unacked.get(stream)
-                        what = out.key.decode("utf-8", "replace") if out is not None else f"message {stream}"
-                        why = type(protocol.error_for(code, message)).__name__
-                        self._on_fatal(f"bridge {self.url} refused {what!r} for good: {why}: {message}")
-                    with self._cond:
-                        out = self._unacked.get(stream)
-                        if out is None:
-                            continue
-                        if status is Ack.RETRY:
-                            # Resent once fully written out (the remote is
-                            # discarding its DATA until then).
-                            out.retry = True
-                            if not out.writing and out.meta_sent and out.offset == out.payload.nbytes and out not in self._active:
-                                self._requeue(out)
-                            continue
-                        self._done(stream)
-                        self._cond.notify_all()
+                    self._on_ack(stream, body)
                 elif kind is Frame.ABORT:
                     self._on_abort(protocol.parse_text(body))
                 else:
@@ -578,11 +579,40 @@ class Link:
         except (ConnectionLost, ProtocolError) as exc:
             if not isinstance(exc, ConnectionLost):
                 log.warning("link to %s: %s", self.url, exc)
+            self._lost_because = exc  # the writer says why it stopped
         finally:
             with self._cond:
                 self._broken = True
                 self._cond.notify_all()
             self._drop_socket()
+
+    def _on_ack(self, stream: int, body: bytes) -> None:
+        """The remote's answer to message `stream`. A method of its own so
+        that no reference to the message outlives it: the envelope's block
+        is freed when _done drops the last one."""
+        status, code, message = protocol.parse_ack(body)
+        if status is Ack.REFUSED:
+            # A send that returned can never be delivered: fail
+            # the step, as TensorFlow does, rather than drop it
+            # quietly. (A refusal because the remote rendezvous
+            # is aborted just repeats that abort.)
+            out = self._unacked.get(stream)
+            what = out.key.decode("utf-8", "replace") if out is not None else f"message {stream}"
+            why = type(protocol.error_for(code, message)).__name__
+            self._on_fatal(f"bridge {self.url} refused {what!r} for good: {why}: {message}")
+        with self._cond:
+            out = self._unacked.get(stream)
+            if out is None:
+                return
+            if status is Ack.RETRY:
+                # Resent once fully written out (the remote is
+                # discarding its DATA until then).
+                out.retry = True
+                if not out.writing and out.meta_sent and out.offset == out.payload.nbytes and out not in self._active:
+                    self._requeue(out)
+                return
+            self._done(stream)
+            self._cond.notify_all()
 
     def _done(self, seq: int) -> None:
         out = self._unacked.pop(seq)

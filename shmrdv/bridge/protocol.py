@@ -547,6 +547,27 @@ def set_io_timeouts(sock: socket.socket, seconds: float) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
+# Keepalive probes find a peer whose host vanished even while it owes us
+# nothing: 30 s of silence, then 3 probes 10 s apart.
+_KEEPALIVE = ((socket.TCP_KEEPIDLE, 30), (socket.TCP_KEEPINTVL, 10), (socket.TCP_KEEPCNT, 3))
+
+
+def keep_alive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in _KEEPALIVE:
+        sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def drop_when_unanswered(sock: socket.socket, seconds: float) -> None:
+    """Have the kernel fail sock (ETIMEDOUT) once bytes it sent have gone
+    unacknowledged by the peer's TCP for `seconds`, keepalive probes
+    included (TCP_USER_TIMEOUT). Without it, a peer whose host is cut off
+    mid-connection leaves it retransmitting for the quarter of an hour of
+    tcp_retries2. A peer that acknowledges but does not read (a zero
+    window) counts as unanswered too."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, round(seconds * 1000)))
+
+
 def _is_tls(sock: socket.socket) -> bool:
     import ssl
 

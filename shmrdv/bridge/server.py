@@ -37,9 +37,6 @@ IDLE_TIMEOUT_S = 60.0
 message or frame begun, an item not acknowledged) or leave what we send
 unread, before it is dropped and what it held is freed (--idle-timeout)."""
 _CALLBACK_WAIT_S = 5.0  # how long a closing connection waits for the completion thread to finish its RECVs
-# Keepalive probes find a peer whose host vanished even while it owes us
-# nothing: 30 s of silence, then 3 probes 10 s apart.
-_KEEPALIVE = ((socket.TCP_KEEPIDLE, 30), (socket.TCP_KEEPINTVL, 10), (socket.TCP_KEEPCNT, 3))
 
 
 def _unsent_bytes(sock: socket.socket) -> int:
@@ -49,12 +46,6 @@ def _unsent_bytes(sock: socket.socket) -> int:
     except OSError:
         return 0
     return struct.unpack("i", out)[0]
-
-
-def keep_alive(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for option, value in _KEEPALIVE:
-        sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 class _Incoming:
@@ -310,27 +301,35 @@ class Inbound:
             return
         inc.buf = None
         try:
-            self._settle(inc.seq, inc.alloc)
+            committed = self._settle(inc.seq, inc.alloc)
         except TooManyKeys as exc:  # the key is created at the commit, which freed the block
             self._key_index_full(inc.seq, inc.key, inc.nbytes, exc, data_follows=False)
             return
         except Aborted as exc:
             self._refuse(inc.seq, inc.key, inc.nbytes, exc, data_follows=False)
             return
-        self.send(protocol.ack(inc.seq, Ack.COMMITTED))
+        self.send(protocol.ack(inc.seq, Ack.COMMITTED if committed else Ack.DUPLICATE))
 
-    def _settle(self, seq: int, alloc: Any) -> None:
+    def _settle(self, seq: int, alloc: Any) -> bool:
         """Record seq in the origin's window: with the commit of alloc, or
-        alone for a message refused for good."""
+        alone for a message refused for good. False, alloc discarded, if the
+        window has seq already: the origin's other connection committed it
+        since this one began it (a link that reconnected while its old
+        connection was still being read, each with the same message)."""
         o = self._origin
         assert o is not None
         with o.lock:
+            if o.has(seq):
+                if alloc is not None:
+                    alloc.discard()
+                return False
             mark = o.mark(seq)
             if alloc is None:
                 self.rdv.set_mark(*mark)
             else:
                 alloc.publish(mark)
             o.base, o.bits = mark[2], mark[3]
+        return True
 
     # ---- RECV for connect() clients -------------------------------------------
     #

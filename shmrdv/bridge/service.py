@@ -19,7 +19,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import outbox
 from .link import Link, LinkSettings
-from .server import HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S, Inbound, keep_alive
+from .protocol import keep_alive
+from .server import HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S, Inbound
 
 MAX_CONNECTIONS = 1024
 """Connections a bridge serves at once, by default (--max-connections)."""
@@ -459,7 +460,9 @@ class Bridge:
             env = self._read(view)
             if env is not None:
                 self._dispatch(env, view)
-            del view
+            # The link frees the envelope's block on its ACK by dropping the
+            # last reference to it: none may stay here while we wait for the next.
+            del view, env
 
     def _link(self, url: str, token: bytes, tls_ca: Optional[str]) -> Link:
         key = (url, token, tls_ca or self._tls_ca)

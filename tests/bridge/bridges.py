@@ -1,5 +1,6 @@
 """Bridges as real processes (``python -m shmrdv bridge``), optionally inside
-a network namespace, and two namespaces joined by a veth pair as two hosts."""
+a network namespace, and two namespaces joined by a veth pair as two hosts
+(tests/hosts.py makes N hosts with a /dev/shm of their own each)."""
 import os
 import resource
 import secrets
@@ -9,21 +10,51 @@ import signal
 import subprocess
 import sys
 import time
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import pytest
 
 START_TIMEOUT_S = 20.0
 
 
+class LineReader:
+    """Lines from a child's stdout, each awaited at most a given time."""
+
+    def __init__(self, stream) -> None:
+        self._fd = stream.fileno()
+        self._buf = b""
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._fd, selectors.EVENT_READ)
+
+    def line(self, timeout: float) -> Optional[str]:
+        """The next line, without its newline; None if none came within
+        timeout seconds; EOFError if the child closed its stdout first."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sel.select(left):
+                return None
+            chunk = os.read(self._fd, 4096)
+            if not chunk:
+                raise EOFError(f"stdout closed after {self._buf[-200:]!r}")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+    def close(self) -> None:
+        self._sel.close()
+
+
 class BridgeProc:
-    """One bridge process serving rendezvous ``name``."""
+    """One bridge process serving rendezvous ``name``; run inside network
+    namespace ``netns``, or behind the command prefix ``enter`` (nsenter ...)."""
 
     def __init__(self, name: str, listen: str = "127.0.0.1:0", *, token_file: Optional[str] = None,
                  size: Optional[int] = None, netns: Optional[str] = None, extra: List[str] = (), log_path: Optional[str] = None,
-                 max_files: Optional[int] = None) -> None:
+                 max_files: Optional[int] = None, enter: Sequence[str] = ()) -> None:
         self.name, self.listen, self.token_file, self.size = name, listen, token_file, size
-        self.netns, self.extra, self.log_path = netns, list(extra), log_path
+        self.enter = ["ip", "netns", "exec", netns] if netns else list(enter)
+        self.extra, self.log_path = list(extra), log_path
         self.max_files = max_files  # its RLIMIT_NOFILE, soft and hard (ulimit -n)
         self.proc: Optional[subprocess.Popen] = None
         self.host, self.port = None, None
@@ -35,9 +66,7 @@ class BridgeProc:
         if self.size:
             cmd += ["--size", str(self.size)]
         cmd += self.extra
-        if self.netns:
-            cmd = ["ip", "netns", "exec", self.netns] + cmd
-        return cmd
+        return self.enter + cmd
 
     def start(self) -> "BridgeProc":
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
@@ -45,22 +74,18 @@ class BridgeProc:
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=log, preexec_fn=limit)
         if self.log_path:
             log.close()
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        line = b""
-        while not line.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            if left <= 0 or not sel.select(left):
-                self.kill()
-                raise RuntimeError(f"bridge {self.name} did not start: {self.logs()}")
-            chunk = os.read(self.proc.stdout.fileno(), 256)
-            if not chunk:
-                self.proc.wait(5)
-                raise RuntimeError(f"bridge {self.name} exited with {self.proc.returncode}: {self.logs()}")
-            line += chunk
-        sel.close()
-        text = line.decode().strip()
+        reader = LineReader(self.proc.stdout)
+        try:
+            text = reader.line(START_TIMEOUT_S)
+        except EOFError:
+            self.proc.wait(5)
+            raise RuntimeError(f"bridge {self.name} exited with {self.proc.returncode}: {self.logs()}") from None
+        finally:
+            reader.close()
+        if text is None:
+            self.kill()
+            raise RuntimeError(f"bridge {self.name} did not start: {self.logs()}")
+        text = text.strip()
         assert text.startswith("listening "), text
         host, _, port = text.split(" ", 1)[1].rpartition(":")
         self.host, self.port = host, int(port)
@@ -120,29 +145,38 @@ class TwoHosts:
 
     def up(self) -> None:
         ip = ["ip"]
-        self._run(ip + ["netns", "add", self.ns[0]])
-        self._run(ip + ["netns", "add", self.ns[1]])
-        self._run(ip + ["link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1]])
+        run_root(ip + ["netns", "add", self.ns[0]])
+        run_root(ip + ["netns", "add", self.ns[1]])
+        run_root(ip + ["link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1]])
         for i in (0, 1):
-            self._run(ip + ["link", "set", self.dev[i], "netns", self.ns[i]])
-            self._run(ip + ["-n", self.ns[i], "addr", "add", f"{self.ip[i]}/24", "dev", self.dev[i]])
-            self._run(ip + ["-n", self.ns[i], "link", "set", self.dev[i], "up"])
-            self._run(ip + ["-n", self.ns[i], "link", "set", "lo", "up"])
+            run_root(ip + ["link", "set", self.dev[i], "netns", self.ns[i]])
+            run_root(ip + ["-n", self.ns[i], "addr", "add", f"{self.ip[i]}/24", "dev", self.dev[i]])
+            run_root(ip + ["-n", self.ns[i], "link", "set", self.dev[i], "up"])
+            run_root(ip + ["-n", self.ns[i], "link", "set", "lo", "up"])
 
     def down(self) -> None:
         for ns in self.ns:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
 
-    @staticmethod
-    def _run(cmd: List[str]) -> None:
-        subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+def run_root(cmd: List[str]) -> subprocess.CompletedProcess:
+    """Run one configuration command (ip, tc, mount, ...); CalledProcessError,
+    with its stderr captured, if it fails."""
+    return subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
+def netns_or_skip(what: str, tools: Sequence[str] = ("ip",)) -> None:
+    """Skip, saying why, unless this process may create network namespaces
+    (root) and has the tools (iproute2's ip, util-linux's nsenter, ...)."""
+    if os.geteuid() != 0:
+        pytest.skip(f"{what} create network namespaces, which needs root")
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{what} need {', '.join(missing)} (iproute2, util-linux)")
 
 
 def two_hosts_or_skip() -> TwoHosts:
-    if os.geteuid() != 0:
-        pytest.skip("two-host tests create network namespaces, which needs root")
-    if shutil.which("ip") is None:
-        pytest.skip("two-host tests need the 'ip' command (iproute2)")
+    netns_or_skip("two-host tests")
     hosts = TwoHosts()
     try:
         hosts.up()

@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 
 import shmrdv
+from shmrdv.bridge import protocol
+from shmrdv.bridge.protocol import Ack, Frame
 
 from .bridges import BridgeProc, write_token
 from ..conftest import MiB, _new_name, _remove_segment, free_port, wait_for
 from .test_bridge import DEV_A, DEV_B, TOKEN, Hosts, key
+from .test_bridge_security import raw_session
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -118,6 +121,38 @@ def test_sending_bridge_killed_mid_stream(tmp_path):
         wait_for(lambda: h.a.stats().pending_messages == 0, "host A's outbox to drain")
     finally:
         h.close()
+
+
+@pytest.mark.parametrize("seq", [1, 2])
+def test_one_message_on_two_connections_of_its_origin_is_committed_once(tmp_path, rdv_name, seq):
+    """A link reconnects while the bridge is still reading its old
+    connection (that one was waiting for arena room, say): the message both
+    carry is begun on each before either is complete. The one completed
+    second is a duplicate, answered ACK 1 and discarded: not committed
+    again (seq 2, past a gap in the window), nor the end of the connection
+    (seq 1, the window's next)."""
+    rdv = shmrdv.Rendezvous(rdv_name, size=4 * MiB, create=True)
+    bridge = BridgeProc(rdv_name, token_file=write_token(tmp_path / "token", TOKEN), log_path=str(tmp_path / "b.log")).start()
+    old, new = (raw_session(bridge, origin=4242, role=protocol.Role.LINK) for _ in range(2))
+    try:
+        payload = np.arange(512, dtype=np.int64)
+        for sock, _reader in (old, new):
+            sock.sendall(protocol.encode_meta(Frame.MSG, seq, b"twice", b"<i8", payload.shape, payload.nbytes))
+        answers = []
+        for sock, reader in (old, new):
+            sock.sendall(protocol.header(Frame.DATA, payload.nbytes, seq) + payload.tobytes())
+            kind, length, stream = reader.header()
+            assert (kind, stream) == (Frame.ACK, seq)
+            answers.append(protocol.parse_ack(reader.body(length))[0])
+        assert answers == [Ack.COMMITTED, Ack.DUPLICATE]
+        assert np.array_equal(rdv.recv("twice", timeout=10), payload)
+        assert rdv.try_recv("twice") is None
+        wait_for(lambda: rdv.stats().bytes_used == 0, "the duplicate's block to be freed")
+    finally:
+        for sock, _reader in (old, new):
+            sock.close()
+        bridge.kill()
+        rdv.close()
 
 
 def test_a_link_down_is_news_until_it_has_been_up(tmp_path):

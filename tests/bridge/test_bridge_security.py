@@ -37,13 +37,13 @@ def served(tmp_path_factory):
     _remove_segment(name)
 
 
-def raw_session(bridge: BridgeProc, token: bytes = TOKEN.encode(), origin: int = 7):
+def raw_session(bridge: BridgeProc, token: bytes = TOKEN.encode(), origin: int = 7, role=protocol.Role.CLIENT):
     """An authenticated raw socket, for speaking the protocol by hand."""
     sock = socket.create_connection((bridge.host, bridge.port), timeout=10)
     reader = protocol.Reader(sock)
     _cap, server_nonce = protocol.parse_hello(reader.expect(Frame.HELLO))
     nonce = auth.nonce()
-    sock.sendall(protocol.auth(protocol.Role.CLIENT, origin, 1, nonce, auth.client_proof(token, server_nonce, nonce, origin, 1)))
+    sock.sendall(protocol.auth(role, origin, 1, nonce, auth.client_proof(token, server_nonce, nonce, origin, 1)))
     reader.expect(Frame.WELCOME)
     return sock, reader
 
