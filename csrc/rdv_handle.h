@@ -28,7 +28,6 @@ struct rdv_ops {
 struct rdv {
     uint8_t *base;      /* segment mapping */
     size_t map_len;
-    uint64_t map_page;  /* the unit the mapping is cut in: RDV_PAGE, or a hugetlbfs file's huge page */
     struct rdv_header *khdr;
     struct rdv_slot *kslots;
     struct rdv_proc *kprocs;
@@ -91,6 +90,8 @@ struct rdv {
      * compare-and-swap of seq_word. */
     uint64_t seq_word;
     uint64_t seq_reserved;
+    /* Cold, last: the hot fields above keep the cache lines they had. */
+    uint64_t map_page;  /* the unit the mapping is cut in: RDV_PAGE, or a hugetlbfs file's huge page */
 };
 
 #endif
