@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Tuple
 
 import numpy as np
 
-from . import allocation, async_recv, batches, explain, forms, limits
+from . import allocation, async_recv, batches, explain, forms
 from ._binding import address, fast, ffi, lib, raise_rc
 from .allocation import Allocation, alloc_kind, int_tuple
 from .awaiting import Awaiting
@@ -25,8 +25,7 @@ from .codec import timeout_ns as _timeout_ns
 from .errors import InvalidArgument, InvalidType, RendezvousError, SegmentMismatch
 from .marks import Mark, checked_mark, mark_index
 from .receiving import Receiving
-from .segments import (DEFAULT_SIZE, OPEN_TIMEOUT, arena_size, check_attached, checked_name, default_max_keys,
-                       open_segment, private_name, private_pid, segment_dir, sweep_dead_private, unlink_private,
+from .segments import (OPEN_TIMEOUT, check_attached, open_request, open_segment, unlink_private,
                        unlink_segment)
 from .stats import KeyInfo, ProcessInfo, Stats, read_keys, read_processes, read_stats
 from .tensors import check_as_torch
@@ -175,52 +174,18 @@ class Rendezvous(Receiving, Awaiting, fast.Handle):
         self._routes: Any = None if routes is None else _router(routes, token, tls_ca)
         self._forked = False
         self._completions: Optional[async_recv.Completions] = None
-        private = name is None
-        if private:
-            if create is False:
-                raise InvalidArgument("Rendezvous() with no name creates a private rendezvous: create=False needs a name")
-            name, create = private_name(), True
-            sweep_dead_private()  # what older versions' killed creators left in /dev/shm
-        name = checked_name(name, "name", lib.RDV_NAME_MAX)
-        if create not in (None, True, False):
-            raise InvalidType(f"create must be None, True or False, not {create!r}")
-        owner = private_pid(name)
-        if owner is not None and dir is not None:
-            raise InvalidArgument(f"dir={dir!r}: a private rendezvous ({'Rendezvous()' if private else repr(name)}) "
-                                  f"is a memfd, in no directory; dir= is for named rendezvous")
-        if not private and owner is not None and owner != os.getpid():
-            # Another process's private name (its children attach by it): a
-            # memfd of that process, which only it creates.
-            if create:
-                raise InvalidArgument(f"{name!r} has the form of process {owner}'s private rendezvous names "
-                                      f"(private-PID-HEX), which only Rendezvous() with no name makes: use another "
-                                      f"name, or attach to it (create=False)")
-            create = False
-        req_size = None if size is None else arena_size(size)
-        arena = DEFAULT_SIZE if req_size is None else req_size
-        keys = default_max_keys(arena) if max_keys is None else positive_int(max_keys, "max_keys")
-        if keys > limits.MAX_KEYS:
-            raise InvalidArgument(f"max_keys is at most {limits.MAX_KEYS:,} (shmrdv.MAX_KEYS), got {keys:,}")
+        req = open_request(name, create, size, max_keys, huge_pages, prefault, dir)
         wait_ns = _timeout_ns(timeout)
-        if huge_pages not in (True, False):
-            raise InvalidType(f"huge_pages must be True or False, not {huge_pages!r}")
-        if prefault not in (None, True, False):
-            raise InvalidType(f"prefault must be None, True or False, not {prefault!r}")
-        if huge_pages and prefault is False:
-            raise InvalidArgument("huge_pages=True with prefault=False: huge pages are made by faulting the segment "
-                                  "in as it is mapped; drop one of the two")
-        self._name = name
-        self._dir = None if owner is not None else segment_dir(dir)
-        flags = (lib.RDV_CREATE_HUGE_PAGES if huge_pages else 0) | (lib.RDV_CREATE_NO_PREFAULT if prefault is False else 0)
-        self._h, self._created = open_segment(name, arena, keys, create, wait_ns, flags, asked_keys=max_keys,
-                                              dir=self._dir)
+        self._name, self._dir = req.name, req.dir
+        self._h, self._created = open_segment(req.name, req.arena, req.max_keys, req.create, wait_ns, req.flags,
+                                              asked_keys=max_keys, dir=req.dir)
         self._capacity = int(lib.rdv_capacity(self._h))
-        if owner is not None and self._created:
+        if req.owner is not None and self._created:
             # This process's private rendezvous: attachable while this handle is open.
-            self._finalizer = weakref.finalize(self, unlink_private, name, os.getpid())
+            self._finalizer = weakref.finalize(self, unlink_private, req.name, os.getpid())
         if not self._created:
             try:
-                check_attached(self._h, name, self._capacity, req_size, max_keys, huge_pages, prefault)
+                check_attached(self._h, req.name, self._capacity, req.asked_size, max_keys, huge_pages, prefault)
             except SegmentMismatch:
                 self.close()
                 raise

@@ -29,7 +29,7 @@ import os
 import re
 import stat
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import posix_ipc
 
@@ -683,3 +683,64 @@ def check_attached(h: Any, name: str, capacity: int, size: Optional[int], max_ke
         f"rendezvous {name!r} already exists with {has}, not the {asked} asked for (size, "
         f"max_keys, huge_pages and prefault only apply when creating it): attach without them, or with {has}; or "
         f"remove it first (shmrdv rm {name}) to create it anew with {asked}")
+
+
+class OpenRequest(NamedTuple):
+    """What ``Rendezvous(...)`` was asked to open, checked (``open_request``)."""
+
+    name: str
+    create: Optional[bool]
+    owner: Optional[int]
+    """The creator's pid in a private rendezvous' name, else None."""
+    dir: Optional[str]
+    """A named rendezvous' directory; None for a private one (a memfd)."""
+    arena: int
+    asked_size: Optional[int]
+    max_keys: int
+    flags: int
+    """RDV_CREATE_* for a create."""
+
+
+def open_request(name: Optional[str], create: Optional[bool], size: Optional[int], max_keys: Optional[int],
+                 huge_pages: bool, prefault: Optional[bool], dir: Optional[str]) -> OpenRequest:
+    """The arguments of ``Rendezvous(...)`` checked (InvalidType,
+    InvalidArgument), with what follows from them: no name is a private
+    rendezvous of this process, created (and the files older versions'
+    killed creators left swept first); another process's private name is
+    only attached to."""
+    private = name is None
+    if private:
+        if create is False:
+            raise InvalidArgument("Rendezvous() with no name creates a private rendezvous: create=False needs a name")
+        name, create = private_name(), True
+        sweep_dead_private()  # what older versions' killed creators left in /dev/shm
+    name = checked_name(name, "name", lib.RDV_NAME_MAX)
+    if create not in (None, True, False):
+        raise InvalidType(f"create must be None, True or False, not {create!r}")
+    owner = private_pid(name)
+    if owner is not None and dir is not None:
+        raise InvalidArgument(f"dir={dir!r}: a private rendezvous ({'Rendezvous()' if private else repr(name)}) "
+                              f"is a memfd, in no directory; dir= is for named rendezvous")
+    if not private and owner is not None and owner != os.getpid():
+        # Another process's private name (its children attach by it): a
+        # memfd of that process, which only it creates.
+        if create:
+            raise InvalidArgument(f"{name!r} has the form of process {owner}'s private rendezvous names "
+                                  f"(private-PID-HEX), which only Rendezvous() with no name makes: use another "
+                                  f"name, or attach to it (create=False)")
+        create = False
+    asked_size = None if size is None else arena_size(size)
+    arena = DEFAULT_SIZE if asked_size is None else asked_size
+    keys = default_max_keys(arena) if max_keys is None else positive_int(max_keys, "max_keys")
+    if keys > limits.MAX_KEYS:
+        raise InvalidArgument(f"max_keys is at most {limits.MAX_KEYS:,} (shmrdv.MAX_KEYS), got {keys:,}")
+    if huge_pages not in (True, False):
+        raise InvalidType(f"huge_pages must be True or False, not {huge_pages!r}")
+    if prefault not in (None, True, False):
+        raise InvalidType(f"prefault must be None, True or False, not {prefault!r}")
+    if huge_pages and prefault is False:
+        raise InvalidArgument("huge_pages=True with prefault=False: huge pages are made by faulting the segment "
+                              "in as it is mapped; drop one of the two")
+    flags = (lib.RDV_CREATE_HUGE_PAGES if huge_pages else 0) | (lib.RDV_CREATE_NO_PREFAULT if prefault is False else 0)
+    return OpenRequest(name, create, owner, None if owner is not None else segment_dir(dir), arena, asked_size, keys,
+                       flags)

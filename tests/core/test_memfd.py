@@ -221,9 +221,9 @@ def test_a_killed_creator_leaves_nothing_anywhere():
 def test_a_creator_killed_while_creating_leaves_nothing():
     creator = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import os, shmrdv
-        from shmrdv import rendezvous, segments
+        from shmrdv import segments
         name = segments.private_name()
-        rendezvous.private_name = lambda: name
+        segments.private_name = lambda: name
         print(name, flush=True)
         shmrdv.Rendezvous(size=1 << 30)
         """)], stdout=subprocess.PIPE, text=True)
@@ -239,7 +239,7 @@ def test_a_creator_killed_while_creating_leaves_nothing():
 
 def test_a_create_interrupted_before_the_offer_leaves_nothing(monkeypatch):
     name = segments.private_name()
-    monkeypatch.setattr(shmrdv.rendezvous, "private_name", lambda: name)
+    monkeypatch.setattr(shmrdv.segments, "private_name", lambda: name)
 
     def interrupted(fd, name):
         raise KeyboardInterrupt
