@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import pytest
 
@@ -175,16 +175,20 @@ def netns_or_skip(what: str, tools: Sequence[str] = ("ip",)) -> None:
         pytest.skip(f"{what} need {', '.join(missing)} (iproute2, util-linux)")
 
 
-def two_hosts_or_skip() -> TwoHosts:
-    netns_or_skip("two-host tests")
-    hosts = TwoHosts()
+def up_or_skip(hosts: Any, what: str) -> Any:
+    """hosts.up(), or, where this machine cannot do it, hosts.down() and a skip saying why."""
     try:
         hosts.up()
     except (subprocess.CalledProcessError, OSError) as exc:
         hosts.down()
         detail = getattr(exc, "stderr", b"") or b""
-        pytest.skip(f"cannot create network namespaces here: {exc} {detail.decode(errors='replace').strip()}")
+        pytest.skip(f"cannot {what} here: {exc} {detail.decode(errors='replace').strip()}")
     return hosts
+
+
+def two_hosts_or_skip() -> TwoHosts:
+    netns_or_skip("two-host tests")
+    return up_or_skip(TwoHosts(), "create network namespaces")
 
 
 def run_threads(threads, timeout: float = 120.0) -> None:

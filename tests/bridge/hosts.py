@@ -38,7 +38,7 @@ from typing import Any, List, Optional, Sequence
 
 import pytest
 
-from .bridges import BridgeProc, LineReader, netns_or_skip, run_root, write_token
+from .bridges import BridgeProc, LineReader, netns_or_skip, run_root, up_or_skip, write_token
 
 SUBNET = "10.43.0"
 BRIDGE_PORT = 7700
@@ -249,14 +249,7 @@ class Network:
 def network_or_skip(n: int, tmp_path: Path) -> Network:
     """A Network of n hosts, up; skips, saying why, where this machine cannot make one."""
     netns_or_skip("simulated-host tests", ("ip", "tc", "unshare", "nsenter", "mount"))
-    net = Network(n, tmp_path)
-    try:
-        net.up()
-    except (subprocess.CalledProcessError, OSError) as exc:
-        net.down()
-        detail = getattr(exc, "stderr", b"") or b""
-        pytest.skip(f"cannot make simulated hosts here: {exc} {detail.decode(errors='replace').strip()}")
-    return net
+    return up_or_skip(Network(n, tmp_path), "make simulated hosts")
 
 
 # ---- cleaning up ---------------------------------------------------------------------

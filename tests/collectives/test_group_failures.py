@@ -772,6 +772,17 @@ def test_a_rank_that_comes_after_the_group_formed_cannot_disturb_it(procs):
     procs.join()
 
 
+def _join_and_sum(conn, label, name, rank, world, **kwargs):
+    """Join group name as rank (kwargs to Group) and send back what joining
+    gave, or the allreduce of 1s (job A) or 100s (job B)."""
+    joined = attempt(shmrdv.Group, name, rank, world, **kwargs)
+    if "ok" not in joined:
+        conn.send(joined)
+        return
+    with joined["group"] as g:
+        conn.send(attempt(g.allreduce, np.full(2, 1 if label == "A" else 100, np.int64)))
+
+
 @pytest.mark.parametrize("token", ["job=", "launcher"])
 def test_two_jobs_with_one_name_and_their_own_job_tokens_form_two_groups(procs, token):
     """The issue's mix: job A's ranks 0 and 1 join; job B's ranks 2, 0 and 1
@@ -784,14 +795,9 @@ def test_two_jobs_with_one_name_and_their_own_job_tokens_form_two_groups(procs, 
     def rank_main(conn, job, rank):
         if token == "launcher":
             os.environ["SHMRDV_JOB"] = job
-            joined = attempt(shmrdv.Group, name, rank, W, timeout=20)
+            _join_and_sum(conn, job, name, rank, W, timeout=20)
         else:
-            joined = attempt(shmrdv.Group, name, rank, W, timeout=20, job=job)
-        if "ok" not in joined:
-            conn.send(joined)
-            return
-        with joined["group"] as g:
-            conn.send(attempt(g.allreduce, np.full(2, 1 if job == "A" else 100, np.int64)))
+            _join_and_sum(conn, job, name, rank, W, timeout=20, job=job)
 
     for r in (0, 1):
         procs.start(("A", r), rank_main, "A", r)
@@ -816,12 +822,7 @@ def test_two_jobs_with_one_name_that_meet_while_joining_both_fail(procs):
     W, name = 3, new_name("meet")
 
     def rank_main(conn, job, rank, timeout):
-        joined = attempt(shmrdv.Group, name, rank, W, timeout=timeout)
-        if "ok" not in joined:
-            conn.send(joined)
-            return
-        with joined["group"] as g:
-            conn.send(attempt(g.allreduce, np.full(2, 1 if job == "A" else 100, np.int64)))
+        _join_and_sum(conn, job, name, rank, W, timeout=timeout)
 
     for r in (0, 1):
         procs.start(("A", r), rank_main, "A", r, 10)
