@@ -53,6 +53,7 @@ def test_open_mpi_smoke():
     _check(_run_leaving_nothing(lambda: collective_peers.run_mpi(smoke=True, timeout_s=90)))
 
 
+@pytest.mark.slow
 @needs_torch
 @pytest.mark.timeout(120)
 def test_gloo_smoke():

@@ -112,6 +112,7 @@ def test_sizes_and_dtypes(hosts, nbytes):
         assert checksum(got) == checksum(x), dtype
 
 
+@pytest.mark.slow
 def test_256_mib_both_ways(tmp_path):
     h = Hosts(tmp_path, size=520 * MiB)  # B sends back while it still holds the view
     try:
@@ -256,6 +257,7 @@ def test_the_bridges_are_told_the_reason_that_won(tmp_path):
         h.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(20)  # told one after another, the silent ones would take 2 s each per step
 def test_abort_with_unreachable_and_silent_routes_still_aborts_here():
     import socket

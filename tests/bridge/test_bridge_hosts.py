@@ -23,7 +23,7 @@ import pytest
 from .host_traffic import stream_bytes
 from .hosts import Network, network_or_skip
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 HOSTS = [4, pytest.param(8, marks=pytest.mark.slow)]
 # Traffic is paced so that what waits on a host while its bridge or link is

@@ -82,6 +82,7 @@ def _download_and_die(bridge: BridgeProc, rng: random.Random) -> str:
         _reset(sock)
 
 
+@pytest.mark.slow
 def test_clients_killed_mid_download_lose_nothing(served):
     """KILLS clients die in the middle of downloading a 600 KiB message from
     a 1 MiB arena while the sender waits for room: each message goes back to

@@ -40,6 +40,7 @@ def test_acknowledged_envelope_frees_its_block_at_once(tmp_path, reconnect):
     "each host's arena holds its own outbound envelopes until the other side acknowledges them, and an inbound "
     "message needs room in the same arena: two hosts whose arenas are both full of messages for each other wait "
     "for each other forever (a per-arena limit on the outbox, in the core, would keep room for inbound messages)"))
+@pytest.mark.slow
 def test_arenas_full_of_messages_for_each_other(tmp_path):
     h = Hosts(tmp_path, size=16 * MiB)
     try:

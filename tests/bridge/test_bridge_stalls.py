@@ -85,6 +85,7 @@ def test_a_peer_silent_in_the_middle_of_a_frame_header_is_dropped(served):
     still_serving(rdv, bridge)
 
 
+@pytest.mark.slow
 def test_a_peer_that_owes_nothing_may_stay_silent(served):
     rdv, bridge = served
     sock, reader = raw_session(bridge)
@@ -97,6 +98,7 @@ def test_a_peer_that_owes_nothing_may_stay_silent(served):
     sock.close()
 
 
+@pytest.mark.slow
 def test_a_client_blocked_in_recv_outlives_the_idle_timeout(served):
     rdv, bridge = served
     with shmrdv.connect(bridge.url, token=TOKEN) as remote:

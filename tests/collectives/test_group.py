@@ -482,6 +482,7 @@ def _chunk_elems(W: int, itemsize: int, slot: int = SLOT_BYTES) -> int:
     return W * ((slot // W) // itemsize)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("W", WORLDS)
 def test_allreduce_across_the_chunk_thresholds(W):
     """Sizes about a rank's 1 MiB buffer, a chunk (W per-peer regions), and 3
@@ -508,6 +509,7 @@ def test_allreduce_across_the_chunk_thresholds(W):
     run_and_check(W, cases)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("W", WORLDS)
 def test_rooted_and_data_movement_collectives(W):
     """broadcast, reduce, gather, scatter from each root; allgather, alltoall,
@@ -582,6 +584,7 @@ def test_torch_tensors_in_and_out(W):
     run_and_check(W, cases)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_allreduce_64_mib():
     """One 64 MiB float32 allreduce (and broadcast) on two ranks."""
@@ -681,6 +684,7 @@ KINDS_FOR_RANDOM = ["allreduce", "broadcast", "allgather", "reduce_scatter", "re
                                 array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=7),
                                 st.integers(0, 63), st.sampled_from(["plain", "strided", "inplace"])),
                       min_size=1, max_size=12))
+@pytest.mark.slow
 def test_random_shapes(W, calls):
     cases = []
     for kind, dtype, shape, pick, layout in calls:

@@ -1092,6 +1092,7 @@ def _cpu() -> float:
     return u.ru_utime + u.ru_stime
 
 
+@pytest.mark.slow
 def test_waiting_for_a_slow_peer_costs_little_cpu(procs):
     """Rank 0 waits for rank 1 (1 s late) in Group(), 2 s in a barrier, 1 s
     in an allreduce: each wait uses < 10 % of a CPU (user + sys over wall)."""

@@ -11,7 +11,7 @@ import pytest
 
 from ..conftest import run_with_private_shm
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def run_script(tmp_path, code: str, *args: str, timeout: float = 120.0):

@@ -69,6 +69,7 @@ def creator_that_never_finishes(path, started, stop):
     stop.wait(60)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_an_attacher_waits_for_a_creator_that_is_still_initialising(rdv_name, children):
     started, done = children.context.Event(), children.context.Event()
@@ -84,6 +85,7 @@ def test_an_attacher_waits_for_a_creator_that_is_still_initialising(rdv_name, ch
     children.join()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_create_none_also_waits_for_the_creator(rdv_name, children):
     started, done = children.context.Event(), children.context.Event()

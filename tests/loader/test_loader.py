@@ -233,6 +233,7 @@ def test_custom_collate_keeps_arrays_arrays():
     assert isinstance(ours[0][0]["x"], np.ndarray) and ours[0][0]["x"].flags.writeable
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_start_methods(method):
     assert_same(*both(ds.Squares(), batch_size=4, shuffle=True, num_workers=2, multiprocessing_context=method))

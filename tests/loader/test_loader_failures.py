@@ -251,6 +251,7 @@ def test_workers_exit_when_the_trainer_is_killed(tmp_path):
             os.unlink(f"/dev/shm/shmrdv-{name}")
 
 
+@pytest.mark.slow
 def test_batches_held_past_the_loader_memory_raise_instead_of_hanging():
     loader = DataLoader(ds.Big(1 << 20, n=40), batch_size=None, num_workers=2, shm_size=8 << 20)
     kept = []
