@@ -536,6 +536,12 @@ class Group:
         """The group's name (its segment is /dev/shm/shmrdv.group-NAME while it joins)."""
         return self._name
 
+    def pid(self, rank: int) -> int:
+        """The pid of the process that joined as ``rank`` (0 if none did)."""
+        if not 0 <= rank < self._world:
+            raise InvalidArgument(f"group {self._name!r} has no rank {rank} (world_size {self._world})")
+        return int(lib.rdv_coll_pid(self._handle(), rank))
+
     @property
     def closed(self) -> bool:
         """Whether this rank has left the group (``close``, the end of a ``with`` block)."""

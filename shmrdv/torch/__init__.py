@@ -1,18 +1,24 @@
-"""torch.distributed over shmrdv: importing this package registers the
-backend "shmrdv" for CPU tensors.
+"""torch.distributed over shmrdv: the backend "shmrdv" for CPU tensors.
 
     import torch.distributed as dist
-    import shmrdv.torch  # registers "shmrdv"
 
     dist.init_process_group("shmrdv", rank=rank, world_size=world, init_method="env://")
     dist.all_reduce(tensor)
+
+torch registers the name at ``import torch`` through shmrdv's
+``torch.backends`` entry point (``shmrdv_torch_plugin``), loading nothing
+of shmrdv until a group is made; with ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``,
+``import shmrdv.torch`` registers it.
 
 Every init method torch has works (env://, file://, tcp://): the backend
 meets its peers through the Store torch builds from it. Supported:
 all_reduce (SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR), broadcast,
 reduce, all_gather, all_gather_into_tensor, gather, scatter, reduce_scatter,
 reduce_scatter_tensor, all_to_all, all_to_all_single (even or uneven
-splits), barrier, new_group, async_op=True, and DistributedDataParallel.
+splits), barrier, the coalesced calls, send, recv (also from any source),
+isend, irecv, batch_isend_irecv (``p2p``), new_group, async_op=True, and
+DistributedDataParallel; the group object's own short forms
+(``group.allreduce(tensor)``) and gloo's several tensors per call.
 
 Ranks on one host meet in shared memory (a ``shmrdv.Group``). Ranks on
 several hosts run hierarchically: shared memory within each host, gloo

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from ..errors import InvalidArgument, InvalidType, RendezvousError
 from ..group import Group
 from . import hosts
+from .p2p import GlooPeers, SharedPeers
 from .transports import Gloo, Hierarchy, Local
 from .work import Work, Worker
 
@@ -76,13 +77,61 @@ def _connect(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> A
     return Hierarchy(plan, name, store, timeout)
 
 
+def _point_to_point(transport: Any, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Any:
+    """Shared memory among the ranks of one host; across hosts, a gloo
+    group of all the ranks (made here, as every rank makes its group)."""
+    if isinstance(transport, Local):
+        return SharedPeers(store, rank, size, timeout, transport.group.pid)
+    return GlooPeers(transport.pg if isinstance(transport, Gloo) else transport.flat.pg)
+
+
 # ---- torch's conventions ----
 
-def _one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
+def _listed(tensors: Any) -> List[torch.Tensor]:
+    """A call's tensors as a list: torch passes lists (one tensor per
+    device), the group object's own methods also take a bare tensor."""
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+def _one(tensors: Any, what: str) -> torch.Tensor:
     """The one CPU tensor of a call (torch passes lists, one tensor per device)."""
+    tensors = _listed(tensors)
     if len(tensors) != 1:
         raise InvalidArgument(f"{what}: the shmrdv backend takes one tensor per call, got {len(tensors)}")
     return _cpu(tensors[0], what)
+
+
+def _options(given: Any, kind: Any, **fields: Any) -> Any:
+    """torch's options object for a call: ``given`` when it is one; else a
+    new one with the fields of the group object's short forms (an op, a
+    root) that were given."""
+    if isinstance(given, kind):
+        return given
+    opts = kind()
+    for name, value in fields.items():
+        if value is not None:
+            setattr(opts, name, value if name != "reduceOp" or isinstance(value, dist.ReduceOp)
+                    else dist.ReduceOp(value))
+    return opts
+
+
+def _combine(acc: torch.Tensor, other: torch.Tensor, op: str) -> None:
+    """acc = acc op other, in place (several tensors of one rank, before
+    the collective)."""
+    if op in ("sum", "mean"):
+        acc.add_(other)
+    elif op == "prod":
+        acc.mul_(other)
+    elif op == "min":
+        torch.minimum(acc, other, out=acc)
+    elif op == "max":
+        torch.maximum(acc, other, out=acc)
+    elif op == "band":
+        acc.bitwise_and_(other)
+    elif op == "bor":
+        acc.bitwise_or_(other)
+    else:
+        acc.bitwise_xor_(other)
 
 
 def _cpu(t: torch.Tensor, what: str) -> torch.Tensor:
@@ -163,6 +212,11 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         self._world = size
         self._closed = False
         self._transport = _connect(store, rank, size, timeout)
+        try:
+            self._peers = _point_to_point(self._transport, store, rank, size, timeout)
+        except BaseException:
+            self._transport.close()
+            raise
         self._worker = Worker(f"shmrdv-pg-r{rank}", self._transport.failed, self._abandoned)
 
     def _abandoned(self, exc: BaseException) -> None:
@@ -190,39 +244,90 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
 
     # ---- the collectives ----
 
-    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
-        opts = opts if opts is not None else dist.AllreduceOptions()
-        t = _one(tensors, "allreduce")
+    def allreduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None) -> Work:
+        """One tensor, or several (gloo's form: the reduction of every
+        tensor of every rank lands in each of them). Also the group
+        object's short form, ``allreduce(tensor, op)``."""
+        if opts is not None and not isinstance(opts, dist.AllreduceOptions):
+            opts, op = None, opts
+        opts = _options(opts, dist.AllreduceOptions, reduceOp=op)
+        given = _listed(tensors)
+        listed = [_cpu(t, "allreduce") for t in given]
+        if not listed:
+            raise InvalidArgument("allreduce: no tensor given")
+        t = listed[0]
+        if any(o.shape != t.shape or o.dtype != t.dtype for o in listed):
+            raise InvalidArgument("allreduce: the tensors of one call must share shape and dtype")
         op = _reduction(opts, t, "allreduce")
 
         def run() -> None:
             with _writable(t) as buf:
+                for other in listed[1:]:
+                    _combine(buf, other, op)
                 self._transport.allreduce(buf, op)
-        return self._worker.submit(run, list(tensors), waited=_waited(opts))
+            for other in listed[1:]:
+                other.copy_(t)
+        return self._worker.submit(run, given, waited=_waited(opts))
 
-    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Work:
+        """The tensors reduced as one flat buffer per dtype (one collective
+        each); a tensor listed twice is reduced once and written twice."""
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        checked = [_cpu(t, "allreduce_coalesced") for t in tensors]
-        ops = [_reduction(opts, t, "allreduce_coalesced") for t in checked]
+        given = _listed(tensors)
+        listed = [_cpu(t, "allreduce_coalesced") for t in given]
+        unique = list({(t.data_ptr(), t.dtype, tuple(t.shape), t.stride()): t for t in listed}.values())
+        by_dtype: dict = {}
+        for t in unique:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        ops = {dtype: _reduction(opts, ts[0], "allreduce_coalesced") for dtype, ts in by_dtype.items()}
 
         def run() -> None:
-            for t, op in zip(checked, ops):
-                with _writable(t) as buf:
-                    self._transport.allreduce(buf, op)
-        return self._worker.submit(run, list(tensors), waited=_waited(opts))
+            for dtype, ts in by_dtype.items():
+                flat = torch.cat([t.reshape(-1) for t in ts])
+                self._transport.allreduce(flat, ops[dtype])
+                at = 0
+                for t in ts:
+                    t.copy_(flat[at:at + t.numel()].view(t.shape))
+                    at += t.numel()
+            for t in listed:  # a view listed beside its base, and so on: every listed tensor gets its result
+                if all(t is not u for u in unique):
+                    twin = next(u for u in unique if u.data_ptr() == t.data_ptr() and u.shape == t.shape)
+                    t.copy_(twin)
+        return self._worker.submit(run, given, waited=_waited(opts))
 
-    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
-        opts = opts if opts is not None else dist.BroadcastOptions()
-        t = _one(tensors, "broadcast")
+    def broadcast(self, tensors: Any, opts: Any = None, root: Optional[int] = None, timeout: Any = None) -> Work:
+        """One tensor, or several (gloo's form: the root's tensor number
+        ``opts.rootTensor`` lands in every tensor of every rank). Also the
+        group object's short form, ``broadcast(tensor, root)``."""
+        if isinstance(opts, int):
+            opts, root = None, opts
+        opts = _options(opts, dist.BroadcastOptions, rootRank=root)
+        given = _listed(tensors)
+        listed = [_cpu(t, "broadcast") for t in given]
+        if not listed:
+            raise InvalidArgument("broadcast: no tensor given")
+        index = int(getattr(opts, "rootTensor", 0))
+        if not 0 <= index < len(listed):
+            raise InvalidArgument(f"broadcast: rootTensor {index} is not one of the {len(listed)} tensors given")
+        t = listed[index]
+        if any(o.shape != t.shape or o.dtype != t.dtype for o in listed):
+            raise InvalidArgument("broadcast: the tensors of one call must share shape and dtype")
         root = self._root(opts, "broadcast")
 
         def run() -> None:
             with _writable(t) as buf:
                 self._transport.broadcast(buf, root)
-        return self._worker.submit(run, list(tensors), waited=_waited(opts))
+            for other in listed:
+                if other is not t:
+                    other.copy_(t)
+        return self._worker.submit(run, given, waited=_waited(opts))
 
-    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
-        opts = opts if opts is not None else dist.ReduceOptions()
+    def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None) -> Work:
+        """Also the group object's short form, ``reduce(tensor, root, op)``."""
+        root = None
+        if isinstance(opts, int):
+            opts, root = None, opts
+        opts = _options(opts, dist.ReduceOptions, rootRank=root, reduceOp=op)
         t = _one(tensors, "reduce")
         op = _reduction(opts, t, "reduce")
         root = self._root(opts, "reduce")
@@ -230,10 +335,12 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         def run() -> None:
             with _writable(t) as buf:
                 self._transport.reduce(buf, root, op)
-        return self._worker.submit(run, list(tensors), waited=_waited(opts))
+        return self._worker.submit(run, _listed(tensors), waited=_waited(opts))
 
-    def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
-                  opts: Any = None) -> Work:
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None) -> Work:
+        """Also the group object's short form, ``allgather(outputs, tensor)``."""
+        if isinstance(input_tensors, torch.Tensor):
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
         t = _one(input_tensors, "all_gather")
         outputs = _same(_one_list(output_tensors, "all_gather"), t, self._world, "all_gather")
 
@@ -244,19 +351,26 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
                 out.copy_(row)
         return self._worker.submit(run, _flattened(output_tensors), waited=_waited(opts))
 
-    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor],
+    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_list: Any,
                             opts: Any = None) -> Work:
-        inputs = [_cpu(t, "all_gather_coalesced") for t in input_list]
-        if len(output_lists) != len(inputs):
-            raise InvalidArgument(f"all_gather_coalesced: {len(inputs)} inputs but {len(output_lists)} output lists")
-        outputs = [_same(outs, t, self._world, "all_gather_coalesced") for outs, t in zip(output_lists, inputs)]
+        """``output_lists[r][i]`` gets rank r's input i (torch's layout)."""
+        inputs = [_cpu(t, "all_gather_coalesced") for t in _listed(input_list)]
+        if len(output_lists) != self._world:
+            raise InvalidArgument(f"all_gather_coalesced: expected {self._world} output lists (one per rank), "
+                                  f"got {len(output_lists)}")
+        outputs = []
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(inputs):
+                raise InvalidArgument(f"all_gather_coalesced: output list {r} has {len(outs)} tensors for "
+                                      f"{len(inputs)} inputs")
+            outputs.append([_same([o], t, 1, "all_gather_coalesced")[0] for o, t in zip(outs, inputs)])
 
         def run() -> None:
-            for t, outs in zip(inputs, outputs):
+            for i, t in enumerate(inputs):
                 gathered = t.new_empty((self._world,) + tuple(t.shape))
                 self._transport.allgather(gathered, t.contiguous())
-                for out, row in zip(outs, gathered):
-                    out.copy_(row)
+                for r in range(self._world):
+                    outputs[r][i].copy_(gathered[r])
         return self._worker.submit(run, _flattened(output_lists), waited=_waited(opts))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
@@ -276,9 +390,11 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    def gather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
-               opts: Any = None) -> Work:
-        opts = opts if opts is not None else dist.GatherOptions()
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None) -> Work:
+        """Also the group object's short form, ``gather(outputs, tensor, root)``."""
+        if isinstance(input_tensors, torch.Tensor):
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        opts = _options(opts, dist.GatherOptions, rootRank=opts if isinstance(opts, int) else None)
         t = _one(input_tensors, "gather")
         root = self._root(opts, "gather")
         outputs = (_same(_one_list(output_tensors, "gather"), t, self._world, "gather")
@@ -292,9 +408,11 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
                     out.copy_(row)
         return self._worker.submit(run, _flattened(output_tensors), waited=_waited(opts))
 
-    def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
-                opts: Any = None) -> Work:
-        opts = opts if opts is not None else dist.ScatterOptions()
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None) -> Work:
+        """Also the group object's short form, ``scatter(tensor, inputs, root)``."""
+        if isinstance(output_tensors, torch.Tensor):
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        opts = _options(opts, dist.ScatterOptions, rootRank=opts if isinstance(opts, int) else None)
         t = _one(output_tensors, "scatter")
         root = self._root(opts, "scatter")
         inputs = _same(_one_list(input_tensors, "scatter"), t, self._world, "scatter") if self.rank() == root else None
@@ -302,19 +420,41 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         def run() -> None:
             with _writable(t) as buf:
                 self._transport.scatter(buf, torch.stack(inputs) if inputs is not None else None, root)
-        return self._worker.submit(run, list(output_tensors), waited=_waited(opts))
+        return self._worker.submit(run, _listed(output_tensors), waited=_waited(opts))
 
-    def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
-                       opts: Any = None) -> Work:
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None) -> Work:
+        """Input r is what rank r gets the reduction of; inputs may differ
+        in size from rank to rank (as gloo allows), each the size of its
+        rank's output. Also the group object's short form,
+        ``reduce_scatter(tensor, inputs, op)``."""
+        op_given = None
+        if isinstance(output_tensors, torch.Tensor):
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+            if opts is not None and not isinstance(opts, dist.ReduceScatterOptions):
+                opts, op_given = None, opts
+        opts = _options(opts, dist.ReduceScatterOptions, reduceOp=op_given)
         t = _one(output_tensors, "reduce_scatter")
-        inputs = _same(_one_list(input_tensors, "reduce_scatter"), t, self._world, "reduce_scatter")
+        given = _one_list(input_tensors, "reduce_scatter")
         op = _reduction(opts, t, "reduce_scatter")
+        if all(isinstance(i, torch.Tensor) and i.shape == t.shape for i in given):
+            inputs = _same(given, t, self._world, "reduce_scatter")
 
-        def run() -> None:
-            with _writable(t) as buf:
-                self._transport.reduce_scatter(buf, torch.stack(inputs), op)
-        return self._worker.submit(run, list(output_tensors), waited=_waited(opts))
+            def run() -> None:
+                with _writable(t) as buf:
+                    self._transport.reduce_scatter(buf, torch.stack(inputs), op)
+            return self._worker.submit(run, _listed(output_tensors), waited=_waited(opts))
+        uneven = [_cpu(i, "reduce_scatter") for i in given]
+        if len(uneven) != self._world or any(i.dtype != t.dtype for i in uneven) \
+                or uneven[self.rank()].numel() != t.numel():
+            raise InvalidArgument(f"reduce_scatter: expected {self._world} inputs of {t.dtype}, this rank's with "
+                                  f"{t.numel()} elements like its output")
+
+        def run_uneven() -> None:  # one allreduce of every input, of which this rank keeps its part
+            flat = torch.cat([i.reshape(-1) for i in uneven])
+            self._transport.allreduce(flat, op)
+            at = sum(i.numel() for i in uneven[:self.rank()])
+            t.copy_(flat[at:at + t.numel()].view(t.shape))
+        return self._worker.submit(run_uneven, _listed(output_tensors), waited=_waited(opts))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         return self.reduce_scatter_single_coalesced([output], [input], opts)
@@ -373,9 +513,28 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
             self._transport.alltoall(received, torch.stack(inputs), None)
             for out, row in zip(outputs, received):
                 out.copy_(row)
-        return self._worker.submit(run, list(output_tensors), waited=_waited(opts))
+        return self._worker.submit(run, _listed(output_tensors), waited=_waited(opts))
 
-    def barrier(self, opts: Any = None) -> Work:
+    # ---- point-to-point (p2p.py) ----
+
+    def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:
+        t = _one(tensors, "send")
+        self._peer(dstRank, "send")
+        return self._peers.send(t, dstRank, int(tag))
+
+    def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:
+        t = _one(tensors, "recv")
+        self._peer(srcRank, "recv")
+        return self._peers.recv(t, srcRank, int(tag))
+
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
+        return self._peers.recv_any(_one(tensors, "recv"), int(tag))
+
+    def _peer(self, rank: int, what: str) -> None:
+        if not 0 <= rank < self._world or rank == self.rank():
+            raise InvalidArgument(f"{what}: rank {rank} is not another rank of this group of {self._world}")
+
+    def barrier(self, opts: Any = None, timeout: Any = None) -> Work:
         return self._worker.submit(self._transport.barrier, [], waited=_waited(opts))
 
     def _root(self, opts: Any, what: str) -> int:
@@ -406,11 +565,13 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         if self._closed:
             return
         self._transport.abort(f"rank {self.rank()} aborted the process group")
+        self._peers.abort(f"rank {self.rank()} aborted the process group")
         self._worker.close(timeout=5)
         self._close()
 
     def _close(self) -> None:
         self._closed = True
+        self._peers.close()
         self._transport.close()
 
 

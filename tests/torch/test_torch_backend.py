@@ -10,17 +10,12 @@ reports through a queue, every join is bounded, and each test checks that
 it left no process and no /dev/shm entry of its own behind.
 """
 import datetime
-import multiprocessing
-import multiprocessing.forkserver
 import os
-import queue as queue_module
 import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
-import warnings
 
 import numpy as np
 import pytest
@@ -35,94 +30,15 @@ import shmrdv.torch  # noqa: E402
 from shmrdv.torch import hosts  # noqa: E402
 
 from ..conftest import free_port  # noqa: E402
+from .ranks import run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-JOIN_S = 60.0
 RANK_TIMEOUT = datetime.timedelta(seconds=30)  # every collective in a child ends within this
 KILLED_AT_STEP = 8
 
 
 # ---- running ranks ----
-
-@pytest.fixture(scope="module")
-def ctx():
-    """A forkserver context whose server has imported torch and shmrdv.torch
-    (and torch._dynamo, which DistributedDataParallel imports on first use)."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "shmrdv.torch"])
-    yield context
-    server = getattr(multiprocessing.forkserver, "_forkserver", None)
-    if server is not None and hasattr(server, "_stop"):
-        server._stop()  # not left running until pytest exits
-
-
-def _our_shm():
-    """The /dev/shm entries of this backend's groups (their names start with torch-)."""
-    return {e for e in os.listdir("/dev/shm") if e.startswith("shmrdv") and "torch-" in e}
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_behind():
-    before = _our_shm()
-    yield
-    # A group's name goes once all its ranks have joined: one that stays is
-    # a leak, one that goes within a second was another job's, joining.
-    deadline = time.monotonic() + 2.0
-    while _our_shm() - before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _our_shm() - before == set()
-
-
-def _child(results, target, rank, world, env, args):
-    os.environ.update(env)
-    warnings.simplefilter("ignore", FutureWarning)  # torch 2.13 renames some collectives
-    try:
-        value = target(rank, world, *args)
-    except BaseException:
-        results.put((rank, "error", traceback.format_exc()))
-        raise
-    results.put((rank, "ok", value))
-
-
-def run_ranks(ctx, world, target, *args, env=None, exits=None, timeout=JOIN_S):
-    """Run target(rank, world, *args) in world processes; return {rank: value}.
-    env(rank) gives a rank's extra environment; exits maps ranks to the exit
-    code they must end with (default 0), and those with a non-zero one report nothing."""
-    exits = exits or {}
-    results = ctx.Queue()
-    processes = [ctx.Process(target=_child, args=(results, target, r, world, env(r) if env else {}, args),
-                             daemon=True) for r in range(world)]
-    for p in processes:
-        p.start()
-    values, errors = {}, []
-    deadline = time.monotonic() + timeout
-    try:
-        expected = sum(1 for r in range(world) if exits.get(r, 0) == 0)
-        while len(values) + len(errors) < expected:
-            try:
-                rank, status, value = results.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue_module.Empty:
-                break
-            if status == "ok":
-                values[rank] = value
-            else:
-                errors.append(f"rank {rank}:\n{value}")
-        for p in processes:
-            p.join(max(0.1, deadline - time.monotonic()))
-        hung = [r for r, p in enumerate(processes) if p.is_alive()]
-    finally:
-        for p in processes:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    assert not errors, "\n".join(errors)
-    assert not hung, f"ranks {hung} still running after {timeout} s"
-    codes = {r: p.exitcode for r, p in enumerate(processes)}
-    assert codes == {r: exits.get(r, 0) for r in range(world)}, codes
-    assert sorted(values) == [r for r in range(world) if exits.get(r, 0) == 0]
-    return values
-
 
 def _init(rank, world, init_method, backend="shmrdv"):
     dist.init_process_group(backend, rank=rank, world_size=world, init_method=init_method, timeout=RANK_TIMEOUT)
