@@ -34,6 +34,7 @@ Only this package needs torch: ``import shmrdv`` does not load it.
 ``recv(rdv, key)`` receives a message of a Rendezvous as a torch tensor
 sharing its shared memory (``Rendezvous.recv(..., as_torch=True)``).
 """
+import datetime
 from typing import Any, Optional
 
 import torch
@@ -46,6 +47,20 @@ from .work import Work
 if not hasattr(dist.Backend, BACKEND_NAME.upper()):  # registered once per process
     dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=False, devices=["cpu"])
 
+
+
+def monitored_barrier(group: Any = None, timeout: Optional[datetime.timedelta] = None,
+                      wait_all_ranks: bool = False) -> None:
+    """torch's ``dist.monitored_barrier`` for a "shmrdv" group (torch's own
+    refuses every backend but gloo by name): a barrier that raises, on rank
+    0, naming the first rank that did not come within ``timeout`` (default:
+    the group's), or every such rank with ``wait_all_ranks``; the other
+    ranks raise that rank 0 did not let them through. ``group``: the
+    default group when None. Blocks until every rank came, or timeout."""
+    pg = dist.group.WORLD if group is None else group
+    if not isinstance(pg, ProcessGroupShmrdv):
+        return dist.monitored_barrier(pg, timeout, wait_all_ranks)  # type: ignore[no-any-return]
+    pg.monitored_barrier(timeout, wait_all_ranks)
 
 
 def recv(rdv: Any, key: str, *, timeout: Optional[float] = None, lease: bool = False,
@@ -73,4 +88,4 @@ def recv(rdv: Any, key: str, *, timeout: Optional[float] = None, lease: bool = F
 
 
 __all__ = ["BACKEND_NAME", "HostPlan", "ProcessGroupShmrdv", "TEST_HOST_ENV", "Work", "create_process_group",
-           "host_identity", "plan_hosts", "recv"]
+           "host_identity", "monitored_barrier", "plan_hosts", "recv"]

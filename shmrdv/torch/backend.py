@@ -211,6 +211,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         self._group_desc = ""
         self._world = size
         self._closed = False
+        self._timeout = timeout
         self._transport = _connect(store, rank, size, timeout)
         try:
             self._peers = _point_to_point(self._transport, store, rank, size, timeout)
@@ -529,6 +530,15 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
         return self._peers.recv_any(_one(tensors, "recv"), int(tag))
+
+    def monitored_barrier(self, timeout: Optional[datetime.timedelta] = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not come within timeout
+        (default: the group's): rank 0 raises naming the first (every one,
+        with ``wait_all_ranks``), the others raise that rank 0 did not let
+        them through. torch's ``dist.monitored_barrier`` refuses every
+        backend but gloo by name: call ``shmrdv.torch.monitored_barrier``."""
+        seconds = (timeout if timeout is not None else self._timeout).total_seconds()
+        self._peers.monitored_barrier(seconds, wait_all_ranks)
 
     def _peer(self, rank: int, what: str) -> None:
         if not 0 <= rank < self._world or rank == self.rank():

@@ -152,6 +152,7 @@ class SharedPeers:
         self._outbox: "queue.SimpleQueue[Optional[Tuple[str, torch.Tensor, Work]]]" = queue.SimpleQueue()
         self._sender: Optional[threading.Thread] = None
         self._closed = False
+        self._barriers = 0  # monitored barriers so far
         if rank == 0:
             self._rdv = Rendezvous(size=ARENA, prefault=False)
             store.set(_NAME_KEY, self._rdv.name)
@@ -365,6 +366,43 @@ class SharedPeers:
             out.copy_(staged)
         work._finish([out])
 
+    # ---- monitored_barrier ----
+
+    def monitored_barrier(self, timeout: float, wait_all_ranks: bool) -> None:
+        """gloo's monitored barrier: every rank tells rank 0 it came; rank 0
+        waits for each within timeout and raises naming the first that did
+        not come (every one, with wait_all_ranks), else lets them all go.
+        A rank that came waits for rank 0's word as long. Each barrier has
+        keys of its own, so a rank that comes too late to one cannot pass
+        the next."""
+        rdv = self._rendezvous()
+        self._barriers += 1
+        prefix = f"barrier/{self._barriers}/"
+        millis = int(timeout * 1000)
+        if self._rank != 0:
+            rdv.send(f"{prefix}{self._rank}>0", np.zeros(1, np.uint8), timeout=timeout)
+            try:
+                rdv.recv(f"{prefix}0>{self._rank}", timeout=timeout)
+            except RendezvousTimeout:
+                raise RendezvousTimeout(f"Rank {self._rank} was not let through monitored_barrier by rank 0 within "
+                                        f"{millis} ms: rank 0 did not come, or found another rank missing") from None
+            return
+        deadline = time.monotonic() + timeout
+        missing = []
+        for rank in range(1, self._size):
+            try:
+                rdv.recv(f"{prefix}{rank}>0", timeout=max(0.0, deadline - time.monotonic()))
+            except RendezvousTimeout:
+                missing.append(rank)
+                if not wait_all_ranks:
+                    break
+        if missing:
+            which = (f"Rank {missing[0]}" if len(missing) == 1 and not wait_all_ranks
+                     else f"Ranks {', '.join(map(str, missing))}")
+            raise RendezvousTimeout(f"{which} failed to pass monitoredBarrier in {millis} ms")
+        for rank in range(1, self._size):
+            rdv.send(f"{prefix}0>{rank}", np.zeros(1, np.uint8), timeout=timeout)
+
     # ---- lifetime ----
 
     def abort(self, reason: str) -> None:
@@ -396,6 +434,9 @@ class GlooPeers:
 
     def recv_any(self, t: torch.Tensor, tag: int) -> Any:
         return self._pg.recv_anysource([t], tag)
+
+    def monitored_barrier(self, timeout: float, wait_all_ranks: bool) -> None:
+        self._pg.monitored_barrier(datetime.timedelta(seconds=timeout), wait_all_ranks=wait_all_ranks)
 
     def abort(self, reason: str) -> None:
         """Nothing of its own: the transport aborts its gloo group."""

@@ -159,6 +159,27 @@ def _dead_sender(rank, world, port):
     return "ok"
 
 
+def _monitored_barrier(rank, world, port):
+    """shmrdv.torch.monitored_barrier names the ranks that did not come."""
+    _init(rank, world, port)
+    short = datetime.timedelta(seconds=1)
+    shmrdv.torch.monitored_barrier(timeout=short)
+    shmrdv.torch.monitored_barrier(timeout=short, wait_all_ranks=True)
+    if rank == 0:
+        with pytest.raises(TimeoutError, match=f"^Rank {world - 1} failed to pass monitoredBarrier in 1000 ms"):
+            shmrdv.torch.monitored_barrier(timeout=short)
+    elif rank < world - 1:
+        with pytest.raises(TimeoutError, match=f"Rank {rank} was not let through monitored_barrier by rank 0"):
+            shmrdv.torch.monitored_barrier(timeout=short)
+    dist.barrier()
+    if rank == 0:
+        with pytest.raises(TimeoutError, match=f"^Ranks {', '.join(map(str, range(1, world)))} failed"):
+            shmrdv.torch.monitored_barrier(timeout=short, wait_all_ranks=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return "ok"
+
+
 def _group_object_forms(rank, world, port):
     """The group object's own short forms, as torch's ProcessGroup takes
     them, several tensors per call, the coalesced calls, uneven
@@ -249,6 +270,10 @@ def test_what_a_rank_sent_before_it_exited_is_still_received(ctx):
 
 def test_a_receive_from_a_dead_rank_fails_at_once(ctx):
     assert run_ranks(ctx, 2, _dead_sender, free_port(), exits={0: -signal.SIGKILL}) == {1: "ok"}
+
+
+def test_a_monitored_barrier_names_who_did_not_come(ctx):
+    assert run_ranks(ctx, 3, _monitored_barrier, free_port()) == {r: "ok" for r in range(3)}
 
 
 def test_the_group_object_takes_torchs_short_forms_and_several_tensors(ctx):
