@@ -259,6 +259,8 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         t = listed[0]
         if any(o.shape != t.shape or o.dtype != t.dtype for o in listed):
             raise InvalidArgument("allreduce: the tensors of one call must share shape and dtype")
+        if t.is_sparse:
+            return self._sparse_allreduce(given, listed, opts)
         op = _reduction(opts, t, "allreduce")
 
         def run() -> None:
@@ -268,6 +270,23 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
                 self._transport.allreduce(buf, op)
             for other in listed[1:]:
                 other.copy_(t)
+        return self._worker.submit(run, given, waited=_waited(opts))
+
+    def _sparse_allreduce(self, given: List[torch.Tensor], listed: List[torch.Tensor], opts: Any) -> Work:
+        """Sparse COO tensors, summed as gloo sums them: every rank's
+        indices and values gathered (padded to the largest count), added
+        up and coalesced; the sum replaces each tensor given."""
+        if int(opts.reduceOp.op) != int(_RED.SUM):
+            raise InvalidArgument(f"allreduce: sparse tensors are summed only (ReduceOp.SUM), not {opts.reduceOp.op}")
+
+        def run() -> None:
+            local = listed[0].coalesce()
+            for other in listed[1:]:
+                local = (local + other).coalesce()
+            total = _sparse_sum(self._transport, local, self._world)
+            with torch.no_grad():  # into the tensors given: a detached alias would take the new nnz alone
+                for t in given:
+                    t.copy_(total)
         return self._worker.submit(run, given, waited=_waited(opts))
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Work:
@@ -583,6 +602,26 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         self._closed = True
         self._peers.close()
         self._transport.close()
+
+
+def _sparse_sum(transport: Any, local: torch.Tensor, world: int) -> torch.Tensor:
+    """The sum over the ranks of a coalesced sparse tensor, through allgathers."""
+    indices, values = local.indices(), local.values()
+    counts = torch.empty(world, dtype=torch.int64)
+    transport.allgather(counts, torch.tensor([indices.shape[1]], dtype=torch.int64))
+    most = int(counts.max())
+    padded_indices = indices.new_zeros((indices.shape[0], most))
+    padded_indices[:, :indices.shape[1]] = indices
+    padded_values = values.new_zeros((most,) + tuple(values.shape[1:]))
+    padded_values[:values.shape[0]] = values
+    all_indices = indices.new_empty((world,) + tuple(padded_indices.shape))
+    all_values = values.new_empty((world,) + tuple(padded_values.shape))
+    transport.allgather(all_indices, padded_indices)
+    transport.allgather(all_values, padded_values)
+    n = [int(c) for c in counts]
+    return torch.sparse_coo_tensor(torch.cat([all_indices[r][:, :n[r]] for r in range(world)], dim=1),
+                                   torch.cat([all_values[r][:n[r]] for r in range(world)]),
+                                   local.shape).coalesce()
 
 
 def _flattened(lists: Sequence[Sequence[torch.Tensor]]) -> List[torch.Tensor]:

@@ -231,6 +231,40 @@ def _group_object_forms(rank, world, port):
     return "ok"
 
 
+def _sparse(rank, world, port):
+    """Sparse tensors are summed as gloo sums them; DDP with sparse gradients
+    gives every rank the same model."""
+    _init(rank, world, port)
+
+    def made(r, sparse_dims, dense_dims):  # rank r's: rows 0..r of the first sparse dimension (as upstream's tests)
+        indices = torch.cat([torch.arange(r + 1).view(1, -1)] + [torch.zeros(1, r + 1, dtype=torch.int64)] *
+                            (sparse_dims - 1))
+        return torch.sparse_coo_tensor(indices, torch.ones([r + 1] + [2] * dense_dims),
+                                       [world] * sparse_dims + [2] * dense_dims)
+    for sparse_dims, dense_dims in [(1, 0), (2, 0), (3, 0), (1, 1), (1, 3)]:
+        t = made(rank, sparse_dims, dense_dims)
+        dist.all_reduce(t)
+        assert t.is_sparse
+        expected = sum(made(r, sparse_dims, dense_dims).to_dense() for r in range(world))
+        assert torch.equal(t.to_dense(), expected), (t, expected)
+    with pytest.raises(ValueError, match="sparse tensors are summed only"):
+        dist.all_reduce(torch.eye(3).to_sparse(), dist.ReduceOp.MAX)
+
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.EmbeddingBag(50, 4, sparse=True))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step in range(5):
+        ids = torch.randint(0, 50, (8, 3), generator=torch.Generator().manual_seed(step * world + rank))
+        model(ids).pow(2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    weights = [torch.empty(50, 4) for _ in range(world)]
+    dist.all_gather(weights, model.module.weight.detach())
+    assert all(torch.equal(w, weights[0]) for w in weights)
+    dist.destroy_process_group()
+    return "ok"
+
+
 def _across_fake_hosts(rank, world, port):
     """Ranks on two (fake) hosts: p2p across them through gloo, within a host through shared memory."""
     _init(rank, world, port)
@@ -278,6 +312,11 @@ def test_a_monitored_barrier_names_who_did_not_come(ctx):
 
 def test_the_group_object_takes_torchs_short_forms_and_several_tensors(ctx):
     assert run_ranks(ctx, 2, _group_object_forms, free_port()) == {0: "ok", 1: "ok"}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sparse_tensors_are_summed_and_ddp_takes_sparse_gradients(ctx, world):
+    assert run_ranks(ctx, world, _sparse, free_port()) == {r: "ok" for r in range(world)}
 
 
 def test_point_to_point_across_fake_hosts(ctx):
