@@ -29,6 +29,11 @@ Testing override: set ``SHMRDV_TEST_HOST_ID`` to a different value in
 groups of processes on one machine to make each group act as a host of its
 own (see ``shmrdv.torch.hosts``); the tests fake multi-host jobs this way.
 
+``Store`` is a ``torch.distributed.Store`` in shared memory
+(``shmrdv.torch.store``); ``init_method="shmrdv://NAME"`` meets through one
+(``init_method``), and torchrun's ``--rdzv-backend=shmrdv`` too
+(``elastic``).
+
 Only this package needs torch: ``import shmrdv`` does not load it.
 
 ``recv(rdv, key)`` receives a message of a Rendezvous as a torch tensor
@@ -40,12 +45,18 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from . import init_method
 from .backend import BACKEND_NAME, ProcessGroupShmrdv, create_process_group
 from .hosts import TEST_HOST_ENV, HostPlan, host_identity, plan_hosts
+from .store import Store
 from .work import Work
 
 if not hasattr(dist.Backend, BACKEND_NAME.upper()):  # registered once per process
     dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=False, devices=["cpu"])
+try:
+    dist.register_rendezvous_handler(init_method.SCHEME, init_method.handler)  # init_method="shmrdv://NAME"
+except RuntimeError:
+    pass  # registered by an earlier import
 
 
 
@@ -87,5 +98,5 @@ def recv(rdv: Any, key: str, *, timeout: Optional[float] = None, lease: bool = F
     return rdv.recv(key, timeout=timeout, lease=lease, writable=writable, as_torch=True)  # type: ignore[no-any-return]
 
 
-__all__ = ["BACKEND_NAME", "HostPlan", "ProcessGroupShmrdv", "TEST_HOST_ENV", "Work", "create_process_group",
+__all__ = ["BACKEND_NAME", "HostPlan", "ProcessGroupShmrdv", "Store", "TEST_HOST_ENV", "Work", "create_process_group",
            "host_identity", "monitored_barrier", "plan_hosts", "recv"]

@@ -233,6 +233,16 @@ class Store(dist.Store):
         """Remove the segment's name (``Rendezvous.unlink``); idempotent."""
         self._rdv.unlink()
 
+    def __del__(self) -> None:
+        # torch holds a Store it was given (init_process_group, PrefixStore)
+        # and lets it go at destroy_process_group: that is its close, which
+        # counts toward world_size's.
+        if not getattr(self, "_closed", True):
+            try:
+                self.close()
+            except Exception:  # a finalizer must not raise; the segment stays for shmrdv gc
+                pass
+
     def __enter__(self) -> "Store":
         return self
 

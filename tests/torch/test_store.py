@@ -384,3 +384,61 @@ def test_shmrdv_ls_and_stat_show_it(store, name):
     assert name in ls.stdout, ls.stdout + ls.stderr
     stat = subprocess.run(shmrdv_cli + ["stat", name], capture_output=True, text=True, timeout=60)
     assert stat.returncode == 0 and "s/k" in stat.stdout, stat.stdout + stat.stderr
+
+
+# ---- shmrdv:// and torchrun ----
+
+def _shmrdv_url_rank(name, rank):
+    import shmrdv.torch  # noqa: F401
+
+    dist.init_process_group("gloo", init_method=f"shmrdv://{name}", rank=rank, world_size=2)
+    t = torch.ones(2) * (rank + 1)
+    dist.all_reduce(t)
+    assert t.tolist() == [3.0, 3.0]
+    dist.destroy_process_group()
+
+
+def test_init_method_shmrdv_url(name):
+    assert run_children(_shmrdv_url_rank, [(name, 0), (name, 1)]) == [0, 0]
+    assert not os.path.exists(segment_path(name))  # the last of the two removed it
+
+
+def test_init_method_needs_rank_and_world_size(monkeypatch):
+    import shmrdv.torch  # noqa: F401
+
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ValueError, match="rank parameter missing"):
+        next(dist.rendezvous("shmrdv://never?world_size=1"))
+
+
+def test_torchrun_entry_point_loads_nothing():
+    code = ("import sys, shmrdv_torchrun; from importlib.metadata import entry_points;"
+            "eps = [e for e in entry_points(group='torchrun.handlers') if e.name == 'shmrdv'];"
+            "assert eps and eps[0].load() is shmrdv_torchrun.handler;"
+            "assert 'torch' not in sys.modules and 'shmrdv' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def _torchrun(backend, run_id, endpoint, init_method):
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    script = os.path.join(os.path.dirname(__file__), "ddp_script.py")
+    started = time.monotonic()
+    run = subprocess.run([torchrun, "--nproc-per-node=2", f"--rdzv-backend={backend}", f"--rdzv-id={run_id}",
+                          f"--rdzv-endpoint={endpoint}", script, init_method],
+                         capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    firsts = [float(line.split("first-collective-s ")[1].split()[0]) for line in run.stdout.splitlines()
+              if "first-collective-s" in line]
+    assert len(firsts) == 2, run.stdout
+    return max(firsts), time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_torchrun_rdzv_backend_shmrdv_runs_ddp(name):
+    """A real torchrun job of two ranks meeting through --rdzv-backend=shmrdv and shmrdv://."""
+    run_id = name.replace("t-", "job-")
+    first, wall = _torchrun("shmrdv", run_id, name, "shmrdv://")
+    print(f"shmrdv: first collective {first:.2f} s after start, job {wall:.2f} s")
+    assert not os.path.exists(segment_path(name))
+    assert not os.path.exists(segment_path(f"torchrun-{run_id}-0"))
