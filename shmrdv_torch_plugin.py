@@ -1,11 +1,12 @@
-"""torch's hook for shmrdv: ``init_process_group("shmrdv")`` with no
-``import shmrdv.torch`` first.
+"""torch's hook for shmrdv: ``init_process_group("shmrdv")`` and
+``init_method="shmrdv://NAME"`` with no ``import shmrdv.torch`` first.
 
 torch runs every ``torch.backends`` entry point at the end of ``import
 torch`` (unless ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``). This module is that
-entry point: it only registers the backend's name, with a creator that
-imports shmrdv (its C core, numpy) when a group of it is first made, so
-``import torch`` costs no more than a dictionary entry. It stands outside
+entry point: it only registers the backend's name and the rendezvous
+scheme, with a creator and a handler that import shmrdv (its C core,
+numpy) when first used, so ``import torch`` costs no more than two
+dictionary entries. It stands outside
 the ``shmrdv`` package because importing anything inside it would load
 the package first.
 """
@@ -20,8 +21,20 @@ def register() -> None:
         import torch.distributed as dist
     except ImportError:  # a torch without distributed support: nothing to register with
         return
-    if dist.is_available() and not hasattr(dist.Backend, NAME.upper()):
+    if not dist.is_available():
+        return
+    if not hasattr(dist.Backend, NAME.upper()):
         dist.Backend.register_backend(NAME, _create, extended_api=False, devices=["cpu"])
+    try:
+        dist.register_rendezvous_handler(NAME, _rendezvous)
+    except RuntimeError:  # registered already
+        pass
+
+
+def _rendezvous(url: str, timeout: Any = None, **kwargs: Any) -> Any:
+    from shmrdv.torch.init_method import handler
+
+    return handler(url, **({} if timeout is None else {"timeout": timeout}), **kwargs)
 
 
 def _create(store: Any, rank: int, size: int, timeout: Any) -> Any:

@@ -32,6 +32,24 @@ def test_the_backend_needs_no_import_of_its_own():
     assert run.stdout.split() == ["ProcessGroupShmrdv", "[1.0,", "1.0,", "1.0]"]
 
 
+def test_shmrdv_init_method_needs_no_import_either(tmp_path):
+    program = f"""
+import sys
+import torch
+import torch.distributed as dist
+dist.init_process_group("shmrdv", init_method="shmrdv://plugin-{os.getpid()}", rank=0, world_size=1)
+t = torch.ones(2)
+dist.all_reduce(t)
+print(type(dist.distributed_c10d._get_default_store()).__name__)
+dist.destroy_process_group()
+"""
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, SHMRDV_DIR=str(tmp_path)))
+    assert run.returncode == 0, run.stderr
+    assert "Store" in run.stdout
+    assert not list(tmp_path.iterdir()), "the job's last member removes its Store"
+
+
 def test_without_torchs_autoload_the_name_is_unknown_until_imported():
     env_program = _PROGRAM.replace('dist.init_process_group', 'import shmrdv.torch\ndist.init_process_group')
     env_program = env_program.replace('assert "shmrdv.torch.backend" in sys.modules\n', "")
