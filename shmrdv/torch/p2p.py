@@ -51,7 +51,7 @@ import torch
 
 from ..errors import InvalidArgument, PeerLost, RendezvousError, RendezvousTimeout
 from ..rendezvous import Rendezvous
-from .work import Work
+from .work import Done, Work
 
 ARENA = 8 << 20
 """Bytes of the arena a process group's point-to-point messages share
@@ -66,6 +66,10 @@ _NAME_KEY = "shmrdv/p2p"
 
 def _key(src: int, dst: int, tag: int) -> str:
     return f"p2p/{src}>{dst}/{tag}"
+
+
+def _source(key: str) -> int:
+    return int(key[4:key.index(">")])
 
 
 def _flat_bytes(t: torch.Tensor) -> np.ndarray:
@@ -178,20 +182,18 @@ class SharedPeers:
 
     # ---- sending ----
 
-    def send(self, t: torch.Tensor, dst: int, tag: int) -> Work:
+    def send(self, t: torch.Tensor, dst: int, tag: int) -> Any:
         key = _key(self._rank, dst, tag)
         rdv = self._rendezvous()
-        work = Work()
         with self._lock:
-            queued = self._sending[key] > 0
-            if queued or _nbytes(t) > CHUNK:
+            if self._sending[key] or _nbytes(t) > CHUNK:
+                work = Work()
                 self._sending[key] += 1
                 self._start_sender()
                 self._outbox.put((key, t, work))
                 return work
         self._send_now(rdv, key, t)
-        work._finish([t])
-        return work
+        return Done([t])
 
     def _start_sender(self) -> None:
         if self._sender is None:
@@ -304,7 +306,7 @@ class SharedPeers:
             key, first = rdv.recv_any(keys, timeout=timeout, as_torch=_as_torch(work.tensor))
         except RendezvousTimeout:
             return False
-        work.source = int(key.split("/")[1].split(">")[0])
+        work.source = _source(key)
         self._fill(work, key, first, rdv)
         return True
 
@@ -312,8 +314,8 @@ class SharedPeers:
         """Take work's message (blocking: waiting for it in slices); False
         if it is not there and blocking is False."""
         rdv = self._rendezvous()
-        src = int(key.split("/")[1].split(">")[0])
-        deadline = time.monotonic() + self._timeout
+        src = _source(key)
+        deadline = None
         while True:
             try:
                 first = rdv.recv(key, timeout=SLICE_S if blocking else 0, as_torch=_as_torch(work.tensor))
@@ -321,6 +323,8 @@ class SharedPeers:
             except RendezvousTimeout:
                 if not blocking:
                     return False
+            if deadline is None:  # the group's timeout counts from the first slice
+                deadline = time.monotonic() + self._timeout - SLICE_S
             if not self._alive(src):
                 raise PeerLost(f"recv on rank {self._rank}: rank {src}, the sender, has exited", src,
                                self._pid_of(src))

@@ -86,7 +86,7 @@ import os
 import resource
 import threading
 import time
-from typing import Any, Iterable, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union
 
 import numpy as np
 import torch.distributed as dist
