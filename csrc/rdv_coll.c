@@ -254,6 +254,8 @@ static rdv_group_t *new_handle(uint8_t *base, uint64_t len, int lock_fd, uint32_
     return g;
 }
 
+uint64_t rdv_coll_segment_bytes(uint32_t world, uint64_t slot_bytes) { return segment_bytes(world, slot_bytes); }
+
 int rdv_coll_creator_alive(int fd, int closed_counts, uint32_t *pid) {
     *pid = 0;
     int locked = rdv_byte_locked_by_other(fd, RDV_COLL_LIVE_BYTE(0));

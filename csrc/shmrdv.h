@@ -400,6 +400,10 @@ struct rdv_coll_status {
  * (rdv_coll_refuse) opens all the same: rdv_coll_wait_joined says so. */
 int rdv_coll_open(int fd, int create, uint32_t world, uint32_t rank, uint64_t slot_bytes,
                   const uint8_t *job, rdv_group_t **out, uint32_t *last);
+/* Bytes of the segment of a group of world ranks with buffers of
+ * slot_bytes (what rdv_coll_open reserves), for what a create with no
+ * room says. */
+uint64_t rdv_coll_segment_bytes(uint32_t world, uint64_t slot_bytes);
 /* Refuse the join of the group in fd, as a process that conflicts with it
  * but is no member (it came with another world_size, as a rank already
  * taken, or as a second rank 0): every member's wait for the others ends

@@ -73,10 +73,12 @@ from .errors import (
     RendezvousError,
     RendezvousTimeout,
     SegmentMismatch,
+    SharedMemoryFull,
 )
 from .leftovers import CREATOR_GRACE_S, sweep
-from .segments import check_owner, checked_name, shm_open
+from .segments import SHM_DIR, check_owner, checked_name, shm_open
 from .tensors import as_array, as_tensor, bfloat16, is_tensor
+from .units import human_bytes
 
 GROUP_PREFIX = "/shmrdv.group-"
 """A group NAME's segment is the POSIX shm object ``/shmrdv.group-NAME``, while it is joining."""
@@ -241,6 +243,26 @@ def _same_memory(x: np.ndarray, y: np.ndarray) -> bool:
             and x.strides == y.strides and x.dtype == y.dtype)
 
 
+def _no_room(name: str, world: int, slot_bytes: int) -> SharedMemoryFull:
+    """The error of a rank 0 whose group's segment /dev/shm has no room for:
+    what it needs, what is free, how many ranks would fit, what to do."""
+    needs = int(lib.rdv_coll_segment_bytes(world, slot_bytes))
+    try:
+        st = os.statvfs(SHM_DIR)
+        room = st.f_bavail * st.f_frsize
+        free = f"{room:,} bytes free"
+        fits = max((w for w in range(1, world) if lib.rdv_coll_segment_bytes(w, slot_bytes) <= room), default=0)
+        now = f" (a group of {fits} ranks fits now)" if fits else ""
+    except OSError:
+        free, now = "free space unknown", ""
+    return SharedMemoryFull(
+        errno.ENOSPC,
+        f"creating group {name!r}: {SHM_DIR} has no room: the group's segment needs {needs:,} bytes (two "
+        f"{human_bytes(slot_bytes)} buffers per rank for its {world} ranks) for as long as its members run, and "
+        f"{SHM_DIR} has {free}{now}; enlarge {SHM_DIR} (docker run --shm-size, or --ipc=host; a memory-backed "
+        f"emptyDir in Kubernetes), or free some of it (shmrdv ls shows what is there)")
+
+
 def _int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidType(f"{what} must be an int, got {type(value).__name__}")
@@ -389,8 +411,10 @@ class Group:
                 shm.close_fd()
             if rc < 0:
                 posix_ipc.unlink_shared_memory(self._path)
+                if rc in (-errno.ENOSPC, -errno.ENOMEM):
+                    raise _no_room(self._name, self._world, slot_bytes)
                 raise RendezvousError(f"creating group {self._name!r}: {errno.errorcode.get(-rc, rc)} "
-                                      f"({os.strerror(-rc)}); is /dev/shm full?")
+                                      f"({os.strerror(-rc)})")
             return 0, ino
         try:
             shm = self._shm_open()

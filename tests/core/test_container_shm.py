@@ -1,6 +1,7 @@
 """What a default container gives (a 64 MiB /dev/shm) is enough for
-private rendezvous of any size, the data loader with its defaults and
-``shmrdv bench --smoke``; a named rendezvous that does not fit says where to
+private rendezvous of any size, the data loader with its defaults,
+``shmrdv bench --smoke``, a Group of 8 ranks and the torch backend's DDP; a
+group too big for it, and a named rendezvous that does not fit says where to
 find room, and one kept on a larger tmpfs (``SHMRDV_DIR``) works, with the
 CLI. Each runs in a mount namespace of its own with a fresh 64 MiB tmpfs on
 /dev/shm (needs root), and must leave it empty."""
@@ -111,3 +112,79 @@ def test_a_named_rendezvous_that_does_not_fit_says_where_to_find_room_and_shmrdv
         assert said in full, (said, full)
     assert "FILE True" in run.stdout and "LS ['job " in run.stdout, run.stdout
     assert "RM job: removed" in run.stdout and "AFTER []" in run.stdout and "LEFT []" in run.stdout, run.stdout
+
+
+def test_a_group_of_8_ranks_fits_and_one_that_does_not_says_so(tmp_path):
+    # 8 ranks' segment: 16 MiB and 12 KiB, in /dev/shm while they run;
+    # 32 ranks' (64 MiB and 24 KiB) cannot fit a 64 MiB /dev/shm at all
+    out = run_script(tmp_path, """
+        import multiprocessing as mp
+        import os
+        import numpy as np
+        import shmrdv
+
+        def rank(r, results):
+            with shmrdv.Group("eight", r, 8, timeout=60) as group:
+                total = group.allreduce(np.full(1 << 20, r + 1, np.float32))  # 4 MiB: four rounds of buffers
+                if r == 0:
+                    st = os.statvfs("/dev/shm")
+                    results.put((float(total.min()), float(total.max()), (st.f_blocks - st.f_bfree) * st.f_frsize))
+                group.barrier()
+
+        if __name__ == "__main__":
+            results = mp.Queue()
+            ranks = [mp.Process(target=rank, args=(r, results)) for r in range(8)]
+            for p in ranks:
+                p.start()
+            print("SUM", results.get(timeout=90))
+            for p in ranks:
+                p.join(60)
+            print("EXIT", [p.exitcode for p in ranks])
+            try:
+                shmrdv.Group("thirty-two", 0, 32, timeout=5)
+            except shmrdv.SharedMemoryFull as exc:
+                print("FULL", exc)
+    """, timeout=150)
+    total = eval(out.split("SUM ", 1)[1].splitlines()[0])
+    assert total[:2] == (36.0, 36.0) and total[2] < 20 << 20, out
+    assert "EXIT [0, 0, 0, 0, 0, 0, 0, 0]" in out and "LEFT []" in out, out
+    full = out.split("FULL ", 1)[1].splitlines()[0]
+    for said in ("67,153,920 bytes", "32 ranks", "a group of 31 ranks fits now", "--shm-size", "emptyDir"):
+        assert said in full, (said, full)
+
+
+def test_the_torch_backend_trains_ddp_with_two_ranks(tmp_path):
+    pytest.importorskip("torch")
+    out = run_script(tmp_path, """
+        import multiprocessing as mp
+        import sys
+        import torch
+        import torch.distributed as dist
+
+        def rank(r, store):
+            import shmrdv.torch  # registers "shmrdv"
+            dist.init_process_group("shmrdv", init_method=f"file://{store}", rank=r, world_size=2)
+            torch.manual_seed(0)
+            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1024, 1024))
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            for step in range(3):
+                opt.zero_grad()
+                model(torch.full((8, 1024), float(r + step))).sum().backward()
+                opt.step()
+            weights = model.module.weight.detach().clone()
+            others = [torch.empty_like(weights) for _ in range(2)]
+            dist.all_gather(others, weights)
+            if r == 0:
+                print("SAME", bool(torch.equal(others[0], others[1])), flush=True)
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            ctx = mp.get_context("spawn")
+            ranks = [ctx.Process(target=rank, args=(r, sys.argv[1])) for r in range(2)]
+            for p in ranks:
+                p.start()
+            for p in ranks:
+                p.join(120)
+            print("EXIT", [p.exitcode for p in ranks])
+    """, str(tmp_path / "store"), timeout=170)
+    assert "SAME True" in out and "EXIT [0, 0]" in out and "LEFT []" in out, out
