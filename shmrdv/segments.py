@@ -187,25 +187,115 @@ def no_space_error(what: str, arena: int, max_keys: Optional[int], size_word: st
         f"keep named rendezvous on a larger tmpfs (dir=, {DIR_ENV}); a private Rendezvous() is in no directory")
 
 
-def _memory_full_error(what: str, needs: int, code: int) -> SharedMemoryFull:
-    """The error of a private rendezvous (a memfd) the memory could not hold."""
+class MemoryLimit(NamedTuple):
+    """The tightest memory cgroup limit over this process (``memory_limit``)."""
+
+    limit: int
+    """Bytes the cgroup may use (``memory.max``, or v1's ``memory.limit_in_bytes``)."""
+    used: int
+    """Bytes it uses now, less its inactive file cache (which the kernel reclaims before it refuses)."""
+    where: str
+    """The cgroup's directory and file, for messages."""
+
+    @property
+    def room(self) -> int:
+        return max(0, self.limit - self.used)
+
+
+def _cgroup_dirs() -> List[Tuple[str, str, str, str]]:
+    """The memory cgroup directories over this process, innermost first, with
+    the names of their limit, usage and inactive-cache entries (v2's, or
+    v1's memory controller's): the process's own cgroup and its ancestors,
+    then the mount's root (in a container without a cgroup namespace,
+    /proc/self/cgroup names a path the container's mount does not have, and
+    its root is the container's cgroup)."""
+    found: List[Tuple[str, str, str, str]] = []
+    with open("/proc/self/cgroup") as cgroups:
+        lines = [line.rstrip("\n").split(":", 2) for line in cgroups]
+    for _, controllers, path in (line for line in lines if len(line) == 3):
+        if controllers == "":
+            mount, names = "/sys/fs/cgroup", ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):
+            mount, names = "/sys/fs/cgroup/memory", ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                     "total_inactive_file")
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            directory = os.path.join(mount, *parts[:depth])
+            if os.path.exists(os.path.join(directory, names[0])):
+                found.append((directory, *names))
+    return found
+
+
+def memory_limit() -> Optional[MemoryLimit]:
+    """The memory cgroup limit over this process with the least room left
+    (cgroup v2 or v1), or None where none is set or none can be read. Every
+    page of a segment is charged to the cgroup of the process that
+    reserves it, and a reservation past the limit is met by the OOM killer,
+    not by an error: creates check this first."""
+    tightest: Optional[MemoryLimit] = None
+    try:
+        directories = _cgroup_dirs()
+    except OSError:
+        return None
+    for directory, limit_name, used_name, inactive_name in directories:
+        try:
+            with open(os.path.join(directory, limit_name)) as f:
+                text = f.read().strip()
+            if text == "max" or int(text) >= 1 << 62:  # v1 writes "no limit" as about 2**63
+                continue
+            with open(os.path.join(directory, used_name)) as f:
+                used = int(f.read())
+            inactive = 0
+            with contextlib.suppress(OSError, ValueError, StopIteration):
+                with open(os.path.join(directory, "memory.stat")) as f:
+                    inactive = int(next(line for line in f if line.startswith(inactive_name + " ")).split()[1])
+            found = MemoryLimit(int(text), max(0, used - inactive), os.path.join(directory, limit_name))
+        except (OSError, ValueError):
+            continue
+        if tightest is None or found.room < tightest.room:
+            tightest = found
+    return tightest
+
+
+def memory_full_error(what: str, arena: int, max_keys: Optional[int], code: Optional[int] = None,
+                      size_word: str = "size", limit: Optional[MemoryLimit] = None) -> SharedMemoryFull:
+    """The error of a segment the memory cannot hold: what it needs, the
+    memory cgroup's limit and what of it is left (``limit``, else read
+    now), the largest ``size_word`` that fits, and what to do. ``max_keys``
+    None: its default for each size; ``code``: the errno the kernel refused
+    it with (None: refused before asking it)."""
+
+    def needs(size: int) -> int:
+        return int(lib.rdv_segment_bytes(size, default_max_keys(size) if max_keys is None else max_keys))
+
+    limit = memory_limit() if limit is None else limit
     room = []
-    with contextlib.suppress(OSError, ValueError, IndexError):
+    free: Optional[int] = None
+    if limit is not None:
+        room.append(f"this process's memory cgroup may use {limit.limit:,} bytes ({limit.where}) and uses "
+                    f"{limit.used:,} of them")
+        free = limit.room
+    with contextlib.suppress(OSError, ValueError, IndexError, StopIteration):
         with open("/proc/meminfo") as meminfo:
             available = next(line for line in meminfo if line.startswith("MemAvailable:"))
-        room.append(f"the machine has {int(available.split()[1]) * 1024:,} bytes available")
-    with contextlib.suppress(OSError, ValueError, IndexError, StopIteration):
-        with open("/proc/self/cgroup") as cgroups:
-            group = next(line for line in cgroups if line.startswith("0::")).strip()[3:]
-        base = os.path.join("/sys/fs/cgroup", group.lstrip("/"))
-        with open(os.path.join(base, "memory.max")) as limit, open(os.path.join(base, "memory.current")) as used:
-            cap = limit.read().strip()
-            if cap != "max":
-                room.append(f"its memory cgroup {int(used.read()):,} of {int(cap):,} bytes used (memory.max)")
+        machine = int(available.split()[1]) * 1024
+        room.append(f"the machine has {machine:,} bytes available")
+        free = machine if free is None else min(free, machine)
     said = "; ".join(room) or "how much is free is unknown"
-    return SharedMemoryFull(errno.ENOSPC, f"{what}: no memory for it ({os.strerror(code)}): the segment needs "
-                                          f"{needs:,} bytes and {said}; pass a smaller size=, or give this process "
-                                          f"(its container) more memory")
+    fits = ""
+    if free is not None:
+        lo, hi = 0, arena // PAGE - 1  # in pages: the largest arena whose segment fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if needs(mid * PAGE) <= free else (lo, mid - 1)
+        fits = f" ({size_word}={lo * PAGE} fits now)" if lo and needs(lo * PAGE) <= free else ""
+    refused = "" if code is None else f" ({os.strerror(code)})"
+    return SharedMemoryFull(errno.ENOSPC, f"{what}: no memory for it{refused}: the segment needs "
+                                          f"{needs(arena):,} bytes and {said}; pass a smaller {size_word}={fits}, or "
+                                          f"give this process (its container: docker run --memory, a pod's memory "
+                                          f"limit) more memory")
 
 
 def checked_name(name: object, what: str, max_len: int) -> str:
@@ -625,8 +715,14 @@ def _create(fd: int, name: str, path: str, directory: str, arena: int, max_keys:
         else:
             _discard_file(fd, path)
 
+    what = f"cannot create rendezvous {name!r}"
     offer = None
     try:
+        # Its pages are charged to this process's memory cgroup as they are
+        # reserved: past its limit the OOM killer answers, not an error.
+        limit = memory_limit()
+        if limit is not None and int(lib.rdv_segment_bytes(arena, max_keys)) > limit.room:
+            raise memory_full_error(what, arena, asked_keys, limit=limit)
         if flags & lib.RDV_CREATE_HUGE_PAGES:
             offer = huge_pages_offered(None if memfd else directory)
         rc = -errno.EOPNOTSUPP if offer is not None and not offer.available else \
@@ -643,9 +739,8 @@ def _create(fd: int, name: str, path: str, directory: str, arena: int, max_keys:
             os.close(fd)  # the handle has a description of its own (rdv_segment_lock_fd)
         return out[0]
     discard()
-    what = f"cannot create rendezvous {name!r}"
     if memfd and rc in (-errno.ENOSPC, -errno.ENOMEM):
-        raise _memory_full_error(what, int(lib.rdv_segment_bytes(arena, max_keys)), -rc)
+        raise memory_full_error(what, arena, asked_keys, -rc)
     if rc == -errno.ENOSPC:
         raise no_space_error(what, arena, asked_keys, directory=directory)
     if rc == -errno.EOPNOTSUPP and flags & lib.RDV_CREATE_HUGE_PAGES:

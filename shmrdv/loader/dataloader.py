@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import InvalidArgument, RendezvousTimeout, SharedMemoryFull
 from ..limits import MAX_MARKS, MAX_PROCS
 from ..rendezvous import Rendezvous
-from ..segments import arena_size, no_space_error, private_name, unlink_segment
+from ..segments import arena_size, memory_full_error, private_name, unlink_segment
 from . import batch as wire
 from . import sampling
 from .failures import LoaderTimeout, worker_died, worker_exception
@@ -116,7 +116,9 @@ class _Arena:
             try:
                 self.rdv = Rendezvous(self.name, size=size, create=True, prefault=False)
             except SharedMemoryFull:
-                raise no_space_error("DataLoader: cannot reserve its shared memory", size, None, "shm_size") from None
+                # a memfd: the memory (its cgroup), not /dev/shm, had no room
+                raise memory_full_error("DataLoader: cannot reserve its shared memory", size, None,
+                                        size_word="shm_size") from None
         return self.rdv
 
     def release(self) -> None:
