@@ -25,7 +25,7 @@ def segment_path(name: str) -> str:
     return os.path.join(SHM_DIR, f"shmrdv-{name}")
 
 
-def run_with_private_shm(argv, size: str = "64m", timeout: float = 60.0) -> subprocess.CompletedProcess:
+def run_with_private_shm(argv, size: str = "64m", timeout: float = 60.0, cwd=None) -> subprocess.CompletedProcess:
     """Run argv in a mount namespace of its own with a fresh tmpfs of `size`
     on /dev/shm, as a container has (needs root and unshare(1): the test is
     skipped, saying why, where either is missing)."""
@@ -35,7 +35,7 @@ def run_with_private_shm(argv, size: str = "64m", timeout: float = 60.0) -> subp
         pytest.skip("unshare(1) is not installed")
     script = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec {shlex.join(argv)}"
     run = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                         capture_output=True, text=True, timeout=timeout)
+                         capture_output=True, text=True, timeout=timeout, cwd=cwd)
     if run.returncode != 0 and ("Operation not permitted" in run.stderr or "permission denied" in run.stderr.lower()):
         pytest.skip(f"cannot make a private /dev/shm here: {run.stderr.strip()}")
     return run

@@ -42,6 +42,9 @@ Isolation: each rendezvous or group name the blocks use (``Rendezvous("NAME"``, 
 meet. The blocks must remove what they create: a segment of this run (or a private
 one, ``shmrdv-private-PID-*``, of a block's process) left in /dev/shm after a
 block fails it (and is removed).
+
+``test_the_readme_and_the_docs_run_in_a_container_sized_dev_shm`` (slow) runs
+them all again where /dev/shm is a container's default 64 MiB.
 """
 import importlib.util
 import os
@@ -59,7 +62,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from ..conftest import SESSION_PREFIX, SHM_DIR
+from ..conftest import SESSION_PREFIX, SHM_DIR, run_with_private_shm
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 README = ROOT / "README.md"
@@ -484,3 +487,16 @@ def test_parser_takes_text_blocks_as_figures_and_groups_per_file():
     grouped = "<!-- readme-test: group=g -->\n```python\nprint(1)\n```\n"
     blocks = parse_markdown(grouped, "docs/a.md")[0] + parse_markdown(grouped, "docs/b.md")[0]
     assert [u.id for u in units_of(blocks)] == ["docs/a.md:2-g", "docs/b.md:2-g"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_readme_and_the_docs_run_in_a_container_sized_dev_shm():
+    """Every block, as test_readme_block runs it, in a mount namespace with a
+    fresh 64 MiB tmpfs on /dev/shm: what Docker and Kubernetes give a
+    container by default (needs root and unshare(1); else skipped, saying
+    why). The examples must work there as written."""
+    run = run_with_private_shm([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+                                f"{Path(__file__).relative_to(ROOT)}::test_readme_block"], timeout=840, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-4000:]
+    assert " passed" in run.stdout and "error" not in run.stdout, run.stdout[-4000:]
