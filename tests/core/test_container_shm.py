@@ -115,8 +115,8 @@ def test_a_named_rendezvous_that_does_not_fit_says_where_to_find_room_and_shmrdv
 
 
 def test_a_group_of_8_ranks_fits_and_one_that_does_not_says_so(tmp_path):
-    # 8 ranks' segment: 16 MiB and 12 KiB, in /dev/shm while they run;
-    # 32 ranks' (64 MiB and 24 KiB) cannot fit a 64 MiB /dev/shm at all
+    # 8 ranks' segment: 16 MiB and 20 KiB, in /dev/shm while they run;
+    # 32 ranks' (64 MiB and 44 KiB) cannot fit a 64 MiB /dev/shm at all
     out = run_script(tmp_path, """
         import multiprocessing as mp
         import os
