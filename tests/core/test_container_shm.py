@@ -5,6 +5,7 @@ group too big for it, and a named rendezvous that does not fit says where to
 find room, and one kept on a larger tmpfs (``SHMRDV_DIR``) works, with the
 CLI. Each runs in a mount namespace of its own with a fresh 64 MiB tmpfs on
 /dev/shm (needs root), and must leave it empty."""
+import os
 import sys
 import textwrap
 
@@ -153,17 +154,27 @@ def test_a_group_of_8_ranks_fits_and_one_that_does_not_says_so(tmp_path):
         assert said in full, (said, full)
 
 
-def test_the_torch_backend_trains_ddp_with_two_ranks(tmp_path):
+@pytest.mark.parametrize("init", ["file", "shmrdv"])
+def test_the_torch_backend_trains_ddp_with_two_ranks(tmp_path, init):
+    """DDP, and point-to-point of a chunked tensor, with the ranks meeting
+    through a file or through shmrdv's own Store (shmrdv://)."""
     pytest.importorskip("torch")
+    meet = f"file://{tmp_path / 'store'}" if init == "file" else f"shmrdv://ddp-{os.getpid()}"
     out = run_script(tmp_path, """
         import multiprocessing as mp
         import sys
         import torch
         import torch.distributed as dist
 
-        def rank(r, store):
-            import shmrdv.torch  # registers "shmrdv"
-            dist.init_process_group("shmrdv", init_method=f"file://{store}", rank=r, world_size=2)
+        def rank(r, meet):
+            dist.init_process_group("shmrdv", init_method=meet, rank=r, world_size=2)
+            big = torch.arange(3 << 20, dtype=torch.float32)  # 12 MiB: sent in chunks
+            if r == 0:
+                dist.send(big, 1)
+            else:
+                got = torch.empty_like(big)
+                dist.recv(got, 0)
+                print("P2P", bool(torch.equal(got, big)), flush=True)
             torch.manual_seed(0)
             model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1024, 1024))
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -186,5 +197,5 @@ def test_the_torch_backend_trains_ddp_with_two_ranks(tmp_path):
             for p in ranks:
                 p.join(120)
             print("EXIT", [p.exitcode for p in ranks])
-    """, str(tmp_path / "store"), timeout=170)
-    assert "SAME True" in out and "EXIT [0, 0]" in out and "LEFT []" in out, out
+    """, meet, timeout=170)
+    assert "SAME True" in out and "P2P True" in out and "EXIT [0, 0]" in out and "LEFT []" in out, out
