@@ -705,8 +705,8 @@ class Group:
                            f"cannot go on: close it, and start the job (or a new group) again", st.rank, st.pid)
         if rc == -errno.ETIMEDOUT:
             missing = [r for r in range(self._world) if st.missing >> r & 1]
-            message = (f"{what} on group {self._name!r}: rank {self._rank} gave up after {self._timeout} s: ranks "
-                       f"{missing} had not arrived")
+            message = (f"{what} on group {self._name!r}: rank {self._rank} gave up at its timeout of {self._timeout} s: "
+                       f"ranks {missing} had not arrived")
             # the others must not wait for us, nor read our half-done call (the core has done this already)
             lib.rdv_coll_abort_timed_out(g, *self._reason(message), st.missing)
             raise GroupTimeout(message + "; the group is aborted", tuple(missing))

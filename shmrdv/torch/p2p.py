@@ -48,6 +48,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from ..errors import InvalidArgument, PeerLost, RendezvousError, RendezvousTimeout
 from ..rendezvous import Rendezvous
@@ -373,12 +374,13 @@ class SharedPeers:
     # ---- monitored_barrier ----
 
     def monitored_barrier(self, timeout: float, wait_all_ranks: bool) -> None:
-        """gloo's monitored barrier: every rank tells rank 0 it came; rank 0
-        waits for each within timeout and raises naming the first that did
-        not come (every one, with wait_all_ranks), else lets them all go.
-        A rank that came waits for rank 0's word as long. Each barrier has
-        keys of its own, so a rank that comes too late to one cannot pass
-        the next."""
+        """gloo's monitored barrier, with gloo's errors (``DistBackendError``,
+        a RuntimeError, worded as gloo words them): every rank tells rank 0
+        it came; rank 0 waits for each within timeout and raises naming the
+        first that did not come (every one, with wait_all_ranks), else lets
+        them all go. A rank that came waits for rank 0's word as long. Each
+        barrier has keys of its own, so a rank that comes too late to one
+        cannot pass the next."""
         rdv = self._rendezvous()
         self._barriers += 1
         prefix = f"barrier/{self._barriers}/"
@@ -388,14 +390,19 @@ class SharedPeers:
             try:
                 rdv.recv(f"{prefix}0>{self._rank}", timeout=timeout)
             except RendezvousTimeout:
-                raise RendezvousTimeout(f"Rank {self._rank} was not let through monitored_barrier by rank 0 within "
-                                        f"{millis} ms: rank 0 did not come, or found another rank missing") from None
+                raise dist.DistBackendError(
+                    f"Rank {self._rank} successfully reached monitoredBarrier, but received errors while waiting "
+                    f"for send/recv from rank 0: nothing came within {millis} ms (rank 0 did not come, or found "
+                    f"another rank missing)") from None
             return
         deadline = time.monotonic() + timeout
         missing = []
         for rank in range(1, self._size):
+            left = deadline - time.monotonic()
+            if left <= 0 and not missing:
+                raise dist.DistBackendError(f"Rank 0 timed out in monitoredBarrier after {millis} ms.")
             try:
-                rdv.recv(f"{prefix}{rank}>0", timeout=max(0.0, deadline - time.monotonic()))
+                rdv.recv(f"{prefix}{rank}>0", timeout=max(0.0, left))
             except RendezvousTimeout:
                 missing.append(rank)
                 if not wait_all_ranks:
@@ -403,7 +410,7 @@ class SharedPeers:
         if missing:
             which = (f"Rank {missing[0]}" if len(missing) == 1 and not wait_all_ranks
                      else f"Ranks {', '.join(map(str, missing))}")
-            raise RendezvousTimeout(f"{which} failed to pass monitoredBarrier in {millis} ms")
+            raise dist.DistBackendError(f"{which} failed to pass monitoredBarrier in {millis} ms")
         for rank in range(1, self._size):
             rdv.send(f"{prefix}0>{rank}", np.zeros(1, np.uint8), timeout=timeout)
 

@@ -166,15 +166,18 @@ def _monitored_barrier(rank, world, port):
     shmrdv.torch.monitored_barrier(timeout=short)
     shmrdv.torch.monitored_barrier(timeout=short, wait_all_ranks=True)
     if rank == 0:
-        with pytest.raises(TimeoutError, match=f"^Rank {world - 1} failed to pass monitoredBarrier in 1000 ms"):
+        with pytest.raises(RuntimeError, match=f"^Rank {world - 1} failed to pass monitoredBarrier in 1000 ms"):
             shmrdv.torch.monitored_barrier(timeout=short)
     elif rank < world - 1:
-        with pytest.raises(TimeoutError, match=f"Rank {rank} was not let through monitored_barrier by rank 0"):
+        with pytest.raises(RuntimeError, match=f"Rank {rank} successfully reached monitoredBarrier, but received "
+                                               f"errors while waiting for send/recv from rank 0"):
             shmrdv.torch.monitored_barrier(timeout=short)
     dist.barrier()
     if rank == 0:
-        with pytest.raises(TimeoutError, match=f"^Ranks {', '.join(map(str, range(1, world)))} failed"):
+        with pytest.raises(RuntimeError, match=f"^Ranks {', '.join(map(str, range(1, world)))} failed"):
             shmrdv.torch.monitored_barrier(timeout=short, wait_all_ranks=True)
+        with pytest.raises(RuntimeError, match="^Rank 0 timed out in monitoredBarrier after 0 ms"):
+            shmrdv.torch.monitored_barrier(timeout=datetime.timedelta(0))
     dist.barrier()
     dist.destroy_process_group()
     return "ok"
