@@ -120,6 +120,8 @@ void rdv_close(rdv_t *h) {
 
 uint64_t rdv_capacity(rdv_t *h) { return h->cap; }
 
+int rdv_lock_fd(rdv_t *h) { return h->fd; }
+
 /* This process's pid, kept current across fork without a syscall per call. */
 static pid_t current_pid;
 

@@ -102,6 +102,11 @@ int rdv_segment_in_use(int fd);
  * every call in flight has let go of it (see rdv_release_payload). */
 void rdv_close(rdv_t *h);
 uint64_t rdv_capacity(rdv_t *h);
+/* The descriptor of this handle's own open file description of the segment,
+ * the one its process-table byte lock is on (-1 if none). A flock taken on
+ * it goes when the process dies, in the same release, after that byte
+ * lock: whoever gets the flock next finds the dead process dead. */
+int rdv_lock_fd(rdv_t *h);
 
 /* Producer. rdv_send_begin reserves a block (waiting up to timeout_ns while
  * the arena is full; timeout_ns < 0 waits forever) and writes its metadata;

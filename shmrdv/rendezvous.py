@@ -210,6 +210,21 @@ class Rendezvous(Receiving, Awaiting, fast.Handle):
         """Arena size in bytes."""
         return self._capacity
 
+    def lock_fd(self) -> int:
+        """A descriptor of this handle's own open file description of the
+        segment: the one whose byte lock says this process lives. An
+        advisory ``flock`` taken on it (by a layer above, e.g. the torch
+        Store's lock) is released when this process dies in the same step
+        as that byte lock, and after it: whoever gets the flock next
+        already sees this process as dead (``collect_garbage`` reclaims
+        it). A flock on a description of one's own may go first, as a dying
+        process's descriptions are released in no order one can rely on.
+        Valid while the rendezvous is open; do not close it."""
+        fd = int(lib.rdv_lock_fd(self._handle()))
+        if fd < 0:
+            raise RendezvousError(f"rendezvous {self._name!r} has no lock description (a private one in creation)")
+        return fd
+
     @property
     def closed(self) -> bool:
         """Whether this handle has no attachment now: closed (``close``, the

@@ -231,6 +231,15 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
+    def _get_backend(self, device: Any) -> "ProcessGroupShmrdv":
+        """torch asks a group for its backend on a device (torch 2.15's
+        batch_isend_irecv does, to learn whether it coalesces): a "shmrdv"
+        group is its own backend."""
+        return self
+
+    supports_coalescing = False
+    """Point-to-point calls run one by one (torch's batch_isend_irecv then issues them so)."""
+
     def setGroupName(self, name: str) -> None:
         self._group_name = name
 

@@ -17,13 +17,18 @@ rdv key       what its messages are
 ============  ==========================================================
 
 **The lock.** Every operation on ``s/``, ``w/`` and ``n/`` keys runs under
-one store-wide lock: ``flock(LOCK_EX)`` on the segment file (one open file
-description per ``Store`` object, so objects exclude each other within one
-process too; a ``threading.Lock`` excludes the threads sharing an object).
-The core's liveness locks are ``fcntl`` byte locks on the same file, which
-Linux keeps apart from ``flock``. The kernel drops a ``flock`` when its
-holder dies, whatever killed it: a SIGKILLed holder frees the lock at once,
-with no daemon and no timeout.
+one store-wide lock: ``flock(LOCK_EX)`` on the rendezvous handle's own open
+file description (``Rendezvous.lock_fd``; one per ``Store`` object, so
+objects exclude each other within one process too; a ``threading.Lock``
+excludes the threads sharing an object). The kernel drops a ``flock`` when
+its holder dies, whatever killed it: a SIGKILLed holder frees the lock at
+once, with no daemon and no timeout. It is the description whose byte
+lock says the process lives, and the kernel drops that byte lock first,
+in the same release: the next holder finds the dead holder dead, and
+reclaims its leases (below). (A flock on a description of its own could
+go first: a dying process's descriptions are released last-opened first,
+and a holder that found the key empty with the dead one's leases not yet
+reclaimable took the key for missing: an ``add`` started again from 0.)
 
 **One operation, under the lock.** Read the key's messages, each taken with
 a lease (``try_recv(lease=True)``: if this process dies holding them, they
@@ -82,8 +87,6 @@ on the Store itself.
 """
 import datetime
 import fcntl
-import os
-import resource
 import threading
 import time
 from typing import Any, List, Optional, Sequence, Union
@@ -93,7 +96,6 @@ import torch.distributed as dist
 
 from ..errors import RendezvousTimeout
 from ..rendezvous import Rendezvous
-from ..segments import segment_path
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
 """How long ``get``, ``wait`` and ``queue_pop`` wait by default, as TCPStore's default."""
@@ -103,7 +105,6 @@ CLOSED_KEY = "shmrdv.store/closed"
 """The counter each member of a job of ``world_size`` adds one to as it closes; the last removes the segment."""
 _POLL_S = 0.05
 """The longest a waiter sleeps before it looks at the key again (see the module docstring)."""
-_HIGH_FD = 768
 """The lowest descriptor the lock's description is moved to (see _StoreLock._open)."""
 _VALUE, _QUEUE, _WAITERS, _NOTICE = "s/", "q/", "w/", "n/"
 _EMPTY = np.zeros(0, np.uint8)
@@ -129,48 +130,27 @@ def _seconds(timeout: Union[datetime.timedelta, float, None]) -> float:
 
 
 class _StoreLock:
-    """The store-wide lock: this object's threads, then every other object (flock)."""
+    """The store-wide lock: this object's threads, then every other object
+    (a flock on the rendezvous handle's own description, ``lock_fd``)."""
 
-    __slots__ = ("_thread_lock", "_fd", "_pid", "_path")
+    __slots__ = ("_thread_lock", "_rdv")
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, rdv: Rendezvous) -> None:
         self._thread_lock = threading.Lock()
-        self._path = path
-        self._fd = self._open()
-        self._pid = os.getpid()
-
-    def _open(self) -> int:
-        """A description of our own for the flock, on a high descriptor: a
-        dying process's descriptors close in ascending order, so its
-        rendezvous handle's liveness lock (opened before, lower) is gone by
-        the time the next holder gets this flock and looks for the dead."""
-        fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
-        floor = min(resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 1, _HIGH_FD)
-        if fd < floor:
-            try:
-                high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
-            except OSError:
-                return fd  # no descriptor that high free: the plain one
-            os.close(fd)
-            fd = high
-        return fd
+        self._rdv = rdv
 
     def __enter__(self) -> None:
         self._thread_lock.acquire()
-        if self._pid != os.getpid():
-            # A fork child shares its parent's open file description, and a
-            # flock is the description's: the child needs one of its own.
-            self._fd, self._pid = self._open(), os.getpid()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            # In a fork child the rendezvous has a handle, and a description, of its own.
+            fcntl.flock(self._rdv.lock_fd(), fcntl.LOCK_EX)
+        except BaseException:
+            self._thread_lock.release()
+            raise
 
     def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        fcntl.flock(self._rdv.lock_fd(), fcntl.LOCK_UN)
         self._thread_lock.release()
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 class Store(dist.Store):
@@ -201,7 +181,7 @@ class Store(dist.Store):
         self._rdv = Rendezvous(name, size=size or DEFAULT_SIZE, dir=dir)
         self._name, self._dir, self._size, self._world_size = name, self._rdv.dir, size, world_size
         self._timeout_s = _seconds(timeout)
-        self._lock = _StoreLock(segment_path(name, self._rdv.dir))
+        self._lock = _StoreLock(self._rdv)
         self._closed = False
 
     # ---- life --------------------------------------------------------------
@@ -226,7 +206,6 @@ class Store(dist.Store):
             if self._world_size is not None and self.add(CLOSED_KEY, 1) >= self._world_size:
                 self._rdv.unlink()
         finally:
-            self._lock.close()
             self._rdv.close()
 
     def unlink(self) -> None:

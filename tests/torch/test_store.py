@@ -340,7 +340,7 @@ def test_adders_killed_at_random_leave_a_consistent_sum(store, name):
 
     rng = random.Random(42)
     acked_total, killed = 0, 0
-    for round_ in range(6):
+    for round_ in range(12):
         procs = [fork.Process(target=_add_forever, args=(name, f"{round_}-{i}"), daemon=True) for i in range(2)]
         for p in procs:
             p.start()
