@@ -47,9 +47,11 @@ Reproduce one case::
 
     SHMRDV_SUITE=full pytest tests/torch/test_torch_upstream_suite.py -k "ws3 and test_isend"
 """
+import functools
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,37 +90,72 @@ class Config:
 CONFIGS = {"ws2": Config(2), "ws3": Config(3), "ws4": Config(4), "2x2": Config(4, hosts=2)}
 
 DEFAULT_CASES = {
+    # Each runs for gloo on a CPU-only host at its world size (the suite's
+    # CPU all_to_all is MPI's alone, and its DDP hook-parity and uneven-input
+    # tests need GPUs: none of those runs for gloo here).
     "ws2": [
         # names, groups, barrier
-        "test_get_rank", "test_get_backend", "test_get_rank_size_group", "test_destroy_group",
-        "test_barrier", "test_barrier_group", "test_new_subgroups",
-        # collectives
-        "test_broadcast", "test_broadcast_group", "test_reduce_sum", "test_reduce_group_max",
-        "test_all_reduce_sum", "test_all_reduce_sum_async", "test_all_reduce_sum_complex",
-        "test_all_reduce_max", "test_all_reduce_full_group_product", "test_all_reduce_coalesced_sum",
-        "test_all_gather", "test_all_gather_group", "test_all_gather_coalesced_simple",
-        "test_gather", "test_scatter", "test_all_to_all", "test_all_to_all_single_equal_split",
-        "test_all_to_all_single_unequal_split_group", "test_coalescing_manager_async",
-        "test_sparse_all_reduce_sum", "test_monitored_barrier_gloo",
-        # objects
-        "test_all_gather_object_default_pg", "test_broadcast_object_list", "test_scatter_object_list",
+        "test_get_rank", "test_get_backend", "test_Backend_enum_class", "test_get_rank_size_group",
+        "test_destroy_group", "test_barrier",
+        # collectives, sync and async
+        "test_broadcast", "test_reduce_sum", "test_reduce_max", "test_all_reduce_sum", "test_all_reduce_sum_async",
+        "test_all_reduce_sum_complex", "test_all_reduce_product", "test_all_reduce_full_group_min",
+        "test_all_reduce_coalesced_sum", "test_all_reduce_coalesced_full_group_max", "test_scatter",
+        "test_scatter_checks", "test_gather", "test_gather_checks", "test_all_gather", "test_all_gather_full_group",
+        "test_all_gather_coalesced_simple", "test_sparse_all_reduce_sum", "test_barrier_timeout_full_group",
+        "test_monitored_barrier_gloo_rank_0_timeout",
+        # objects, through new_group too
+        "test_all_gather_object_default_pg", "test_all_gather_object_subgroup", "test_scatter_object_list",
         # point-to-point
         "test_send_recv", "test_send_recv_any_source", "test_isend", "test_irecv", "test_batch_isend_irecv_gloo",
         # DistributedDataParallel
         "test_DistributedDataParallelCPU", "test_DistributedDataParallel_requires_grad",
-        "test_ddp_hook_parity_allreduce", "test_ddp_uneven_inputs", "test_DistributedDataParallel_SyncBatchNorm",
+        "test_accumulate_gradients_no_sync_allreduce_hook", "test_get_future",
     ],
+    # two hosts of two ranks: shared memory within each, gloo between them
     "2x2": [
-        "test_barrier", "test_broadcast", "test_all_reduce_sum", "test_all_gather", "test_gather", "test_scatter",
-        "test_all_to_all_single_unequal_split", "test_DistributedDataParallelCPU",
+        "test_barrier", "test_broadcast", "test_all_reduce_sum", "test_all_reduce_full_group_sum", "test_all_gather",
+        "test_gather", "test_scatter", "test_send_recv", "test_DistributedDataParallelCPU",
     ],
 }
 
+_GLOO_ONLY_MONITORED_BARRIER = ("gloo-only API by torch's own check: dist.monitored_barrier raises ValueError for "
+                                 "any backend but gloo (the group's own method is in test_monitored_barrier_gloo_"
+                                 "rank_0_timeout)")
+
 SHMRDV_SKIPS: Dict[str, str] = {
+    "test_monitored_barrier_gloo": _GLOO_ONLY_MONITORED_BARRIER,
+    "test_monitored_barrier_gloo_subgroup": _GLOO_ONLY_MONITORED_BARRIER,
+    "test_monitored_barrier_failure_order": _GLOO_ONLY_MONITORED_BARRIER,
+    "test_monitored_barrier_wait_all_ranks": _GLOO_ONLY_MONITORED_BARRIER,
 }
 """Cases the suite runs for gloo that are skipped for shmrdv, with the reason."""
 
+_P2P = ("point-to-point missing: ProcessGroupShmrdv has no send/recv/recv_anysource, so torch's ProcessGroup "
+        "looks for a cpu backend and finds none (RuntimeError: No backend type associated with device type cpu)")
+_ALL_GATHER_COALESCED = ("all_gather_coalesced reads output_tensor_lists as [input][rank]; torch passes "
+                         "[rank][input] (InvalidArgument: N inputs but W output lists, or silently transposed)")
+
 EXPECTED_FAILURES: Dict[str, str] = {
+    **{case: _P2P for case in (
+        "test_send_recv", "test_send_recv_autograd_profiler", "test_send_recv_torch_profiler",
+        "test_send_recv_any_source", "test_send_recv_any_source_autograd_profiler",
+        "test_send_recv_any_source_torch_profiler", "test_send_recv_with_tag",
+        "test_send_recv_with_tag_autograd_profiler", "test_send_recv_with_tag_torch_profiler",
+        "test_isend", "test_isend_autograd_profiler", "test_isend_torch_profiler", "test_irecv",
+        "test_batch_isend_irecv_gloo", "test_batch_isend_irecv_gloo_tags")},
+    **{case: _ALL_GATHER_COALESCED for case in (
+        "test_all_gather_coalesced_simple", "test_all_gather_coalesced_complex",
+        "test_all_gather_coalesced_full_group", "test_all_gather_coalesced_with_empty")},
+    "test_sparse_all_reduce_sum": "sparse tensors unsupported: the backend stages every tensor through "
+                                  "is_contiguous()/contiguous(), which a sparse COO tensor refuses (RuntimeError: "
+                                  "unsupported memory format option Contiguous)",
+    "test_barrier_timeout_full_group": "barrier timeout wording: torch expects ' Timed out ' / ' timeout ' / "
+                                       "' closed ' in the error; shmrdv says 'rank 0 gave up after 1.0 s: ranks [1] "
+                                       "had not arrived'",
+    "test_monitored_barrier_gloo_rank_0_timeout": "ProcessGroupShmrdv has no monitored_barrier method: torch's base "
+                                                  "looks for a cpu backend (No backend type associated with device "
+                                                  "type cpu)",
 }
 """Cases that fail for shmrdv at every world size until the backend work
 of issue 42 lands: name -> cause. Strict: a case that passes fails the run."""
@@ -130,9 +167,31 @@ EXPECTED_FAILURES_AT: Dict[Tuple[str, str], str] = {
 
 # ---- the runner of one configuration ----
 
+# Runs a command in a mount namespace of its own with a fresh tmpfs on
+# /dev/shm: a case's segments are then told apart from other jobs' on the
+# machine for sure, and whatever is left goes with the namespace.
+_PRIVATE_SHM = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "private-shm"]
+
+
+@functools.lru_cache(maxsize=None)
+def _private_shm_works() -> bool:
+    """Whether _PRIVATE_SHM can run here (it needs root and unshare(1));
+    without it a runner shares the machine's /dev/shm, and only reports
+    the segments a case seems to leave."""
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        return subprocess.run([*_PRIVATE_SHM, "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 @dataclass
 class Runner:
-    """One ``upstream_suite`` process running a configuration's cases in order."""
+    """One ``upstream_suite`` process running a configuration's cases in
+    order; ``result(case)`` waits for a case's end event (see the protocol in
+    ``upstream_suite``'s docstring)."""
 
     config_id: str
     cases: List[str]
@@ -140,8 +199,14 @@ class Runner:
     process: Optional[subprocess.Popen] = None
     results: Dict[str, dict] = field(default_factory=dict)
     started: Dict[str, Tuple[float, int]] = field(default_factory=dict)
+    """case -> (when it started here, its harness timeout in seconds)."""
+    begun: float = 0.0
     _read_fd: int = -1
     _buffer: bytes = b""
+
+    @property
+    def ended(self) -> bool:
+        return self.process is not None and self._read_fd < 0
 
     def start(self) -> None:
         config = CONFIGS[self.config_id]
@@ -150,46 +215,53 @@ class Runner:
                    SHMRDV_SUITE_HOSTS=str(config.hosts), DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(CASE_TIMEOUT_S),
                    SHMRDV_SUITE_RESULTS_FD=str(write_fd), GLOO_SOCKET_IFNAME="lo",
                    PYTORCH_PRINT_REPRO_ON_FAILURE="0")
+        argv = [sys.executable, "-c", "from tests.torch.upstream_suite import main; main()"]
+        if _private_shm_works():
+            env["SHMRDV_SUITE_PRIVATE_SHM"] = "1"
+            argv = [*_PRIVATE_SHM, *argv]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", "from tests.torch.upstream_suite import main; main()"],
+                argv,
                 cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(write_fd,), start_new_session=True)
         os.close(write_fd)
         self._read_fd = read_fd
+        self.begun = time.monotonic()
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps(self.cases).encode())
         self.process.stdin.close()
-        self.begun = time.monotonic()
 
     def result(self, case: str) -> dict:
-        """The case's end event; a made-up failed one when the runner died or the case overran."""
+        """The case's end event; a failed one made up here when the runner
+        ended without running it or a case overran its harness timeout (the
+        runner is then stopped)."""
         if self.process is None:
             self.start()
-        while case not in self.results:
+        while case not in self.results and not self.ended:
             deadline = self._deadline()
             ready, _, _ = select.select([self._read_fd], [], [], max(0.0, min(1.0, deadline - time.monotonic())))
             if ready:
                 chunk = os.read(self._read_fd, 65536)
                 if chunk:
                     self._take(chunk)
-                    continue
-                self._finish()  # the runner closed its end: it is done, or dead
-                return self.results.get(case) or self._lost(case, f"the runner ended without running it "
-                                                                  f"(exit {self.process.returncode})")
-            if time.monotonic() > deadline:
-                running = next((c for c in self.cases if c in self.started and c not in self.results), None)
+                else:  # the runner closed its end: done, or dead
+                    self._wait()
+            elif time.monotonic() > deadline:
                 self.stop()
-                return self._lost(case, f"no result in time (the case running then: {running})")
+                self._lose(self._running() or case, "no result within its harness timeout; the runner was stopped")
+        if case not in self.results:
+            self._lose(case, f"the runner ended (exit {self.process.returncode}) before reporting it")
         return self.results[case]
 
+    def _running(self) -> Optional[str]:
+        return next((c for c in self.started if c not in self.results), None)
+
     def _deadline(self) -> float:
-        running = [self.started[c] for c in self.cases if c in self.started and c not in self.results]
-        if running:
-            began, timeout = running[0]
+        running = self._running()
+        if running is not None:
+            began, timeout = self.started[running]
             return began + timeout + REPORT_GRACE_S
-        last = max((t for t, _ in self.started.values()), default=self.begun)
-        return last + RUNNER_START_S
+        return max((t for t, _ in self.started.values()), default=self.begun) + RUNNER_START_S
 
     def _take(self, chunk: bytes) -> None:
         self._buffer += chunk
@@ -201,35 +273,34 @@ class Runner:
             else:
                 self.results[event["case"]] = event
 
-    def _lost(self, case: str, why: str) -> dict:
+    def _lose(self, case: str, why: str) -> None:
         tail = self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
-        return {"case": case, "outcome": "failed", "detail": f"{why}; runner log {self.log} ends:\n{tail}",
-                "leaked": []}
+        self.results[case] = {"case": case, "outcome": "failed", "leaked": [],
+                              "detail": f"{why}; the runner's log {self.log} ends:\n{tail}"}
 
-    def _finish(self) -> None:
+    def _wait(self) -> None:
         assert self.process is not None
         try:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            self.stop()
-        if self._read_fd >= 0:
-            os.close(self._read_fd)
-            self._read_fd = -1
+            pass
+        self.stop()
 
     def stop(self) -> None:
-        """End the runner and everything it started (its session: ranks, the forkserver)."""
+        """End the runner and everything it started (its session: the
+        forkserver, ranks, the resource tracker)."""
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
         if self.process is not None:
-            _kill_session(self.process.pid)
+            _kill_session(self.process.pid, grace_s=0.0)
         if self._read_fd >= 0:
             os.close(self._read_fd)
             self._read_fd = -1
 
 
 def _session_members(sid: int) -> List[int]:
-    """The processes of session sid (a runner's ranks and forkserver outlive it only by mistake)."""
+    """The live processes of session sid."""
     members = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -243,7 +314,12 @@ def _session_members(sid: int) -> List[int]:
     return members
 
 
-def _kill_session(sid: int) -> List[int]:
+def _kill_session(sid: int, grace_s: float = 10.0) -> List[int]:
+    """Kill what is left of session sid once grace_s has passed (a runner's
+    resource tracker exits a moment after it); return those killed."""
+    deadline = time.monotonic() + grace_s
+    while _session_members(sid) and time.monotonic() < deadline:
+        time.sleep(0.1)
     left = _session_members(sid)
     for pid in left:
         try:
@@ -254,8 +330,9 @@ def _kill_session(sid: int) -> List[int]:
 
 
 class Runners:
-    """The runners of this module, one per configuration, started on first use
-    with the cases of that configuration this session selected."""
+    """The runners of this module, one per configuration, started on first
+    use with the cases of that configuration this session selected; one that
+    ended early is replaced by one for the cases it did not reach."""
 
     def __init__(self, session, tmp: Path) -> None:
         self._session = session
@@ -264,15 +341,12 @@ class Runners:
 
     def result(self, config_id: str, case: str) -> dict:
         runner = self._runners.get(config_id)
-        if runner is None or (case not in runner.results and runner.process is not None
-                              and runner.process.poll() is not None and case not in runner.started):
-            if runner is not None:  # it died or was stopped: a new one runs what is left
-                runner.stop()
-            done = set(runner.results) if runner is not None else set()
-            cases = [c for c in self._selected(config_id) if c not in done]
+        if runner is None or (runner.ended and case not in runner.results):
+            reached = set(runner.results) | set(runner.started) if runner is not None else set()
+            cases = [c for c in self._selected(config_id) if c not in reached]
             if case not in cases:
                 cases.insert(0, case)
-            runner = Runner(config_id, cases, self._tmp / f"runner-{BACKEND}-{config_id}.log")
+            runner = Runner(config_id, cases, self._tmp / f"runner-{BACKEND}-{config_id}-{len(reached)}.log")
             self._runners[config_id] = runner
         return runner.result(case)
 
@@ -285,18 +359,19 @@ class Runners:
         return selected
 
     def close(self) -> List[int]:
+        """Wait for the runners to end; return the processes of theirs that
+        were still running (killed)."""
         left = []
         for runner in self._runners.values():
-            if runner.process is not None and runner.process.poll() is None:
+            if runner.process is None:
+                continue
+            if set(runner.cases) <= set(runner.results):  # all reported: it is on its way out
                 try:
                     runner.process.wait(timeout=30)
                 except subprocess.TimeoutExpired:
-                    pass
-                if runner.process.poll() is None:
                     left.append(runner.process.pid)
-            if runner.process is not None:
                 left += _kill_session(runner.process.pid)
-            runner.stop()
+            runner.stop()  # the session stopped early (-x, an interrupt): so does the runner
         return left
 
 
@@ -347,7 +422,7 @@ def _check(result: dict) -> None:
         pytest.skip(f"upstream: {result['detail']}")
     if result["outcome"] == "failed":
         pytest.fail(f"{names.error_line(result['detail'])}\n\n{result['detail']}", pytrace=False)
-    assert not leaked, f"left in /dev/shm (removed): {leaked}"
+    assert not leaked, f"group segments left in /dev/shm: {leaked}"
 
 
 @pytest.mark.parametrize("config_id, case", _params(full=False))
@@ -360,7 +435,7 @@ def test_upstream_case_full(runners, config_id, case):
     _check(runners.result(config_id, case))
 
 
-def test_lists_name_cases_of_the_suite():
+def test_named_cases_exist_in_the_installed_suite():
     """Every case named here exists in the installed torch's suite."""
     every = set(names.suite_cases())
     named = {c for cases in DEFAULT_CASES.values() for c in cases} | set(SHMRDV_SKIPS) | set(EXPECTED_FAILURES)

@@ -24,7 +24,10 @@ to the file descriptor ``SHMRDV_SUITE_RESULTS_FD``: ``{"case", "event":
 "start", "timeout"}`` when a case starts, ``{"case", "event": "end",
 "outcome", "detail", "seconds", "leaked"}`` when it ends (outcome
 ``passed``, ``skipped``, ``failed``; detail the skip reason or the
-traceback; leaked the /dev/shm entries of this backend it left behind).
+traceback; leaked the group segments it left in /dev/shm).
+``SHMRDV_SUITE_PRIVATE_SHM=1`` says the runner has a /dev/shm of its own
+(a mount namespace with a fresh tmpfs there), so what a case leaves there
+is surely its own, and is removed.
 
 Ranks are forked from a forkserver that has imported torch and the suite
 once, instead of spawned fresh (upstream's ``_spawn_processes``): importing
@@ -47,6 +50,7 @@ BACKEND_ENV = "SHMRDV_SUITE_BACKEND"
 HOSTS_ENV = "SHMRDV_SUITE_HOSTS"
 RESULTS_FD_ENV = "SHMRDV_SUITE_RESULTS_FD"
 START_ENV = "SHMRDV_SUITE_START"
+PRIVATE_SHM_ENV = "SHMRDV_SUITE_PRIVATE_SHM"  # "1": this runner has a /dev/shm of its own
 TEST_HOST_ENV = "SHMRDV_TEST_HOST_ID"  # shmrdv.torch.hosts.TEST_HOST_ENV, without importing torch here
 # What a rank takes from the parent's environment as it is when the rank starts.
 _PASSED_ENV = ("TEMP_DIR", "INIT_METHOD", "MASTER_ADDR", "MASTER_PORT", "TORCH_DISTRIBUTED_DEBUG")
@@ -121,25 +125,27 @@ class TestDistBackendUpstream(TestDistBackend, DistributedTest._DistTestBase):
         super()._run(rank, test_name, file_name, pipe, **kwargs)
 
 
-def _torch_segments() -> set:
+def _group_segments() -> set:
     """This backend's groups in /dev/shm (shmrdv names them torch-<random>)."""
     return {e for e in os.listdir("/dev/shm") if e.startswith("shmrdv") and "torch-" in e}
 
 
 def _left_behind(before: set) -> list:
     """The group segments that appeared during a case and are still there
-    once its ranks are gone, removed (only those no live process has
-    attached: ``shmrdv gc --unlink-orphans``)."""
+    once its ranks are gone. In a /dev/shm of the runner's own
+    (``PRIVATE_SHM_ENV``) they can only be the case's: they are removed.
+    In the machine's they may be another job's, appeared meanwhile: they are
+    only reported."""
     deadline = time.monotonic() + _LEAK_GRACE_S
-    while _torch_segments() - before and time.monotonic() < deadline:
+    while _group_segments() - before and time.monotonic() < deadline:
         time.sleep(0.05)
-    leaked = sorted(_torch_segments() - before)
-    if leaked:
-        import subprocess
-
-        names = [e[len("shmrdv-"):] if e.startswith("shmrdv-") else e for e in leaked]
-        subprocess.run([sys.executable, "-m", "shmrdv", "gc", "--unlink-orphans", *names],
-                       capture_output=True, timeout=60)
+    leaked = sorted(_group_segments() - before)
+    if os.environ.get(PRIVATE_SHM_ENV) == "1":
+        for entry in leaked:
+            try:
+                os.unlink(os.path.join("/dev/shm", entry))
+            except FileNotFoundError:
+                pass
     return leaked
 
 
@@ -156,7 +162,7 @@ def run_case(name: str, report) -> None:
 
     case = TestDistBackendUpstream(name)
     report({"case": name, "event": "start", "timeout": get_timeout(case.id())})
-    before = _torch_segments()
+    before = _group_segments()
     started = time.monotonic()
     result = unittest.TestResult()
     case.run(result)
