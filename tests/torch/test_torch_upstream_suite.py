@@ -90,9 +90,10 @@ class Config:
 CONFIGS = {"ws2": Config(2), "ws3": Config(3), "ws4": Config(4), "2x2": Config(4, hosts=2)}
 
 DEFAULT_CASES = {
-    # Each runs for gloo on a CPU-only host at its world size (the suite's
-    # CPU all_to_all is MPI's alone, and its DDP hook-parity and uneven-input
-    # tests need GPUs: none of those runs for gloo here).
+    # Each runs for gloo on a CPU-only host at its world size. What does not:
+    # the suite's CPU all_to_all is MPI's alone; its DDP hook-parity and
+    # uneven-input tests need GPUs; its *_group cases (a group of ranks 1
+    # and 2) need a world size of 8 (skip_if_small_worldsize).
     "ws2": [
         # names, groups, barrier
         "test_get_rank", "test_get_backend", "test_Backend_enum_class", "test_get_rank_size_group",
