@@ -29,23 +29,30 @@ each with its reason.
 Two sets:
 
 * the default run: ``DEFAULT_CASES``, a few dozen cases covering every
-  collective, point-to-point, DistributedDataParallel, new_group and
-  async_op, at world size 2 and on two hosts (well under 3 minutes on 2 CPUs);
+  collective the suite runs for gloo on CPU (its CPU all_to_all is MPI's
+  alone), point-to-point, DistributedDataParallel, new_group and async_op,
+  at world size 2 and on two hosts: about 1.5 minutes on 2 CPUs;
 * the full set (every case at every world size, beyond the default ones):
   marked slow, and run only with ``SHMRDV_SUITE=full`` (its cases are
-  skipped, saying so, without it).
+  skipped, saying so, without it): about 10 minutes on 2 CPUs, gloo's 5.
 
-``EXPECTED_FAILURES`` lists the cases that fail for shmrdv until the
-backend's work (issue 42) lands, each with its cause; they are strict
-xfails, so a case that starts passing fails this file until it leaves the
-list. Each world size's cases run in one runner process (the suite's
-import costs seconds of CPU), started by the first of them; each case waits
-at most its harness timeout for its result; /dev/shm entries a case leaves
-and processes left running fail the test.
+``EXPECTED_FAILURES`` (and ``EXPECTED_FAILURES_AT`` for one configuration)
+lists the cases that fail for shmrdv until the backend's work (issue 42)
+lands, each with its cause; they are strict xfails, so a case that starts
+passing fails this file until it leaves the list.
 
-Reproduce one case::
+How it runs: each configuration's cases run in one runner process
+(``upstream_suite``: the suite's import costs seconds of CPU), started by
+the first of them, whose ranks fork from a forkserver that imported torch
+once. Where root and unshare(1) allow, a runner has a /dev/shm of its own
+(a mount namespace), so a case's leftovers are surely its own. Each case
+waits at most its harness timeout for its result; group segments a case
+leaves and processes a runner leaves fail the test.
 
-    SHMRDV_SUITE=full pytest tests/torch/test_torch_upstream_suite.py -k "ws3 and test_isend"
+Reproduce one case (the ids are ``<config>-<case>``)::
+
+    SHMRDV_SUITE=full pytest "tests/torch/test_torch_upstream_suite.py::test_upstream_case_full[ws3-test_isend]"
+    SHMRDV_SUITE=full SHMRDV_SUITE_BACKEND=gloo pytest tests/torch/test_torch_upstream_suite.py -k ws3-
 """
 import functools
 import json

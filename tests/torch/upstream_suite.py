@@ -57,14 +57,8 @@ _PASSED_ENV = ("TEMP_DIR", "INIT_METHOD", "MASTER_ADDR", "MASTER_PORT", "TORCH_D
 # A leaked group of this backend: its segment stays after every rank has left.
 _LEAK_GRACE_S = 2.0
 
-if "BACKEND" not in os.environ:  # imported outside a runner (by a rank's unpickling, say): as the runner sets it
-    os.environ["BACKEND"] = "gloo"
-    os.environ.setdefault("WORLD_SIZE", "2")
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.testing._internal.distributed import distributed_test  # noqa: E402
-from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402
+from torch.testing._internal.distributed import distributed_test
+from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend
 
 
 class PlaysGloo(str):
@@ -75,7 +69,7 @@ class PlaysGloo(str):
     test) and pass ``BACKEND`` wherever a backend is named
     (``init_process_group(backend=BACKEND)``, ``assertEqual(get_backend(),
     BACKEND.lower())``). This value takes gloo's branches and names shmrdv.
-    Set sets and dicts hash it as "shmrdv"."""
+    Sets and dicts hash it as "shmrdv"."""
 
     def __eq__(self, other: object) -> bool:
         return other == "gloo" or str.__eq__(self, other)
