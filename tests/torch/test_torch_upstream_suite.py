@@ -139,22 +139,15 @@ SHMRDV_SKIPS: Dict[str, str] = {
 }
 """Cases the suite runs for gloo that are skipped for shmrdv, with the reason."""
 
-_MONITORED_BARRIER_TIMEOUT_0 = ("monitored_barrier with timeout 0 on one host: gloo raises RuntimeError 'Rank 0 "
-                                "timed out in monitoredBarrier'; shmrdv raises RendezvousTimeout (not a "
-                                "RuntimeError) 'Rank 1 failed to pass monitoredBarrier in 0 ms' (across hosts it "
-                                "goes through gloo, and passes)")
-
 EXPECTED_FAILURES: Dict[str, str] = {
-    "test_barrier_timeout_full_group": "barrier timeout wording: torch's test looks for ' Timed out ', ' timeout ' "
-                                       "or ' closed ' in the error; shmrdv's says \"rank 0 gave up after 1.0 s: "
-                                       "ranks [1] had not arrived; the group is aborted\"",
 }
 """Cases that fail for shmrdv at every world size until the backend work
-of issue 42 lands: name -> cause. Strict: a case that passes fails the run."""
+of issue 42 lands: name -> cause. Strict: a case that passes fails the run.
+Empty since the backend's point-to-point, sparse, coalesced and barrier
+wording work: every case gloo runs here passes for shmrdv, but for
+SHMRDV_SKIPS."""
 
 EXPECTED_FAILURES_AT: Dict[Tuple[str, str], str] = {
-    **{(config_id, "test_monitored_barrier_gloo_rank_0_timeout"): _MONITORED_BARRIER_TIMEOUT_0
-       for config_id in ("ws2", "ws3", "ws4")},
 }
 """As EXPECTED_FAILURES, for one configuration only: (config, name) -> cause."""
 
