@@ -31,7 +31,8 @@ Two sets:
 * the default run: ``DEFAULT_CASES``, a few dozen cases covering every
   collective the suite runs for gloo on CPU (its CPU all_to_all is MPI's
   alone), point-to-point, DistributedDataParallel, new_group and async_op,
-  at world size 2 and on two hosts: about 1.5 minutes on 2 CPUs;
+  at world size 2 and on two hosts: about 1.5 minutes on 2 CPUs (marked
+  slow, as every multi-process torch run: CI runs it, `-m "not slow"` not);
 * the full set (every case at every world size, beyond the default ones):
   marked slow, and run only with ``SHMRDV_SUITE=full`` (its cases are
   skipped, saying so, without it): about 10 minutes on 2 CPUs, gloo's 5.
@@ -396,9 +397,9 @@ def _params(full: bool) -> list:
         for case in (names.suite_cases() if full else default):
             if full and case in default:
                 continue
-            marks = _marks(config_id, case)
+            marks = _marks(config_id, case) + [pytest.mark.slow]  # multi-process torch runs: not the inner loop
             if full:
-                marks += [pytest.mark.slow, pytest.mark.skipif(not FULL, reason="the full suite runs with SHMRDV_SUITE=full")]
+                marks += [pytest.mark.skipif(not FULL, reason="the full suite runs with SHMRDV_SUITE=full")]
             params.append(pytest.param(config_id, case, id=f"{config_id}-{case}", marks=marks))
     return params
 
