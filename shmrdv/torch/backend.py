@@ -210,6 +210,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         self._group_name = ""
         self._group_desc = ""
         self._world = size
+        self._rank = rank
         self._closed = False
         self._timeout = timeout
         self._transport = _connect(store, rank, size, timeout)
@@ -547,14 +548,21 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
     # ---- point-to-point (p2p.py) ----
 
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:
-        t = _one(tensors, "send")
-        self._peer(dstRank, "send")
-        return self._peers.send(t, dstRank, int(tag))
+        return self._peers.send(self._p2p_tensor(tensors, "send"), self._peer(dstRank, "send"), int(tag))
 
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:
-        t = _one(tensors, "recv")
-        self._peer(srcRank, "recv")
-        return self._peers.recv(t, srcRank, int(tag))
+        return self._peers.recv(self._p2p_tensor(tensors, "recv"), self._peer(srcRank, "recv"), int(tag))
+
+    @staticmethod
+    def _p2p_tensor(tensors: Any, what: str) -> torch.Tensor:
+        """The one CPU tensor of a point-to-point call: what ``_one`` checks,
+        in fewer steps for the case torch always passes (a list of one CPU
+        tensor), as a round trip is mostly such per-call costs."""
+        if type(tensors) is list and len(tensors) == 1:
+            t = tensors[0]
+            if type(t) is torch.Tensor and t.is_cpu:
+                return t.detach() if t.requires_grad else t
+        return _one(tensors, what)
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
         return self._peers.recv_any(_one(tensors, "recv"), int(tag))
@@ -568,9 +576,10 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         seconds = (timeout if timeout is not None else self._timeout).total_seconds()
         self._peers.monitored_barrier(seconds, wait_all_ranks)
 
-    def _peer(self, rank: int, what: str) -> None:
-        if not 0 <= rank < self._world or rank == self.rank():
+    def _peer(self, rank: int, what: str) -> int:
+        if not 0 <= rank < self._world or rank == self._rank:
             raise InvalidArgument(f"{what}: rank {rank} is not another rank of this group of {self._world}")
+        return rank
 
     def barrier(self, opts: Any = None, timeout: Any = None) -> Work:
         return self._worker.submit(self._transport.barrier, [], waited=_waited(opts))

@@ -185,16 +185,19 @@ class SharedPeers:
 
     def send(self, t: torch.Tensor, dst: int, tag: int) -> Any:
         key = _key(self._rank, dst, tag)
-        rdv = self._rendezvous()
+        if self._closed:
+            raise RendezvousError("point-to-point on a process group that was shut down")
+        # Read without the lock: only this process's own chunked sends raise
+        # the count, and a send after one of them on this thread sees it.
+        if not self._sending.get(key) and _nbytes(t) <= CHUNK:
+            self._send_now(self._rdv, key, t)
+            return Done([t])
+        work = Work()
         with self._lock:
-            if self._sending[key] or _nbytes(t) > CHUNK:
-                work = Work()
-                self._sending[key] += 1
-                self._start_sender()
-                self._outbox.put((key, t, work))
-                return work
-        self._send_now(rdv, key, t)
-        return Done([t])
+            self._sending[key] += 1
+            self._start_sender()
+            self._outbox.put((key, t, work))
+        return work
 
     def _start_sender(self) -> None:
         if self._sender is None:
