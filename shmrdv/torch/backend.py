@@ -28,7 +28,7 @@ import contextlib
 import datetime
 import logging
 import os
-from typing import Any, Iterator, List, Optional, Sequence
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -60,29 +60,40 @@ def _agree_name(store: Any, rank: int) -> str:
     return store.get(_KEY_NAME).decode()
 
 
-def _connect(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Any:
-    """The transport for this group, as planned from the ranks' hosts."""
+def _connect(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Tuple[Any, Any]:
+    """The transport for this group, as planned from the ranks' hosts, and
+    its point-to-point path: shared memory among the ranks of one host;
+    across hosts, a gloo group of all the ranks (made here, as every rank
+    makes its group)."""
     name = _agree_name(store, rank)
     plan = hosts.plan_hosts(hosts.exchange_identities(store, rank, size), rank)
     if plan.single_host:
-        return Local(Group(name, rank, size, timeout=timeout.total_seconds()))
+        # Every rank attaches to rank 0's point-to-point rendezvous before
+        # joining the Group, whose join returns once all have joined: rank
+        # 0 cannot send, close it and exit before a peer has attached.
+        peers = SharedPeers(store, rank, size, timeout)
+        try:
+            group = Group(name, rank, size, timeout=timeout.total_seconds())
+        except BaseException:
+            peers.close()
+            raise
+        peers.pid_of = group.pid
+        return Local(group), peers
     if not plan.uniform:
         if rank == 0:
             _log.warning("shmrdv: the ranks are spread unevenly over hosts (%s); every collective of this group "
                          "goes through gloo, without shared memory", plan.describe())
-        return Gloo(store, "shmrdv/flat/", rank, size, timeout)
-    if plan.local_size == 1:  # one rank per host: nothing to share
-        return Gloo(store, "shmrdv/flat/", rank, size, timeout)
-    _log.debug("shmrdv: hierarchical group %s: %s", name, plan.describe())
-    return Hierarchy(plan, name, store, timeout)
-
-
-def _point_to_point(transport: Any, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Any:
-    """Shared memory among the ranks of one host; across hosts, a gloo
-    group of all the ranks (made here, as every rank makes its group)."""
-    if isinstance(transport, Local):
-        return SharedPeers(store, rank, size, timeout, transport.group.pid)
-    return GlooPeers(transport.pg if isinstance(transport, Gloo) else transport.flat.pg)
+        transport: Any = Gloo(store, "shmrdv/flat/", rank, size, timeout)
+    elif plan.local_size == 1:  # one rank per host: nothing to share
+        transport = Gloo(store, "shmrdv/flat/", rank, size, timeout)
+    else:
+        _log.debug("shmrdv: hierarchical group %s: %s", name, plan.describe())
+        transport = Hierarchy(plan, name, store, timeout)
+    try:
+        return transport, GlooPeers(transport.pg if isinstance(transport, Gloo) else transport.flat.pg)
+    except BaseException:
+        transport.close()
+        raise
 
 
 # ---- torch's conventions ----
@@ -134,6 +145,30 @@ def _combine(acc: torch.Tensor, other: torch.Tensor, op: str) -> None:
         acc.bitwise_xor_(other)
 
 
+def _alike(tensors: Sequence[torch.Tensor], what: str) -> None:
+    """The tensors of one call (several per call, gloo's form) share
+    layout, dtype and shape; else say which one differs, and how."""
+    first = tensors[0]
+    for i, t in enumerate(tensors[1:], 1):
+        if t.layout != first.layout:
+            differs = f"tensor {i} is {t.layout}, tensor 0 {first.layout}"
+        elif t.dtype != first.dtype:
+            differs = f"tensor {i} has dtype {t.dtype}, tensor 0 {first.dtype}"
+        elif t.shape != first.shape:
+            differs = f"tensor {i} has shape {tuple(t.shape)}, tensor 0 {tuple(first.shape)}"
+        else:
+            continue
+        raise InvalidArgument(f"{what}: {differs}; the tensors of one call must match")
+
+
+def _root_tensor(opts: Any, count: int, what: str) -> int:
+    """opts.rootTensor, checked against the count of tensors given."""
+    index = int(getattr(opts, "rootTensor", 0))
+    if not 0 <= index < count:
+        raise InvalidArgument(f"{what}: rootTensor {index} is not one of the {count} tensors given")
+    return index
+
+
 def _cpu(t: torch.Tensor, what: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise InvalidType(f"{what}: expected a tensor, got {type(t).__name__}")
@@ -177,10 +212,11 @@ def _writable(t: torch.Tensor) -> Iterator[torch.Tensor]:
     t.copy_(staged)
 
 
-def _same(tensors: Sequence[torch.Tensor], like: torch.Tensor, count: int, what: str) -> List[torch.Tensor]:
-    """count CPU tensors of like's shape and dtype."""
+def _same(tensors: Sequence[torch.Tensor], like: torch.Tensor, count: int, what: str,
+          each: str = "rank") -> List[torch.Tensor]:
+    """count CPU tensors of like's shape and dtype (one per ``each``)."""
     if len(tensors) != count:
-        raise InvalidArgument(f"{what}: expected {count} tensors (one per rank), got {len(tensors)}")
+        raise InvalidArgument(f"{what}: expected {count} tensors (one per {each}), got {len(tensors)}")
     checked = [_cpu(t, what) for t in tensors]
     for t in checked:
         if t.shape != like.shape or t.dtype != like.dtype:
@@ -213,12 +249,17 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         self._rank = rank
         self._closed = False
         self._timeout = timeout
-        self._transport = _connect(store, rank, size, timeout)
-        try:
-            self._peers = _point_to_point(self._transport, store, rank, size, timeout)
-        except BaseException:
-            self._transport.close()
-            raise
+        self._transport, self._peers = _connect(store, rank, size, timeout)
+        if isinstance(self._transport, Local):
+            # Rank 0's private rendezvous for point-to-point can be attached
+            # only while rank 0 has it open: no rank leaves creation (and may
+            # shut the group down at once) before every rank has attached.
+            try:
+                self._transport.barrier()
+            except BaseException:
+                self._peers.close()
+                self._transport.close()
+                raise
         self._worker = Worker(f"shmrdv-pg-r{rank}", self._transport.failed, self._abandoned)
 
     def _abandoned(self, exc: BaseException) -> None:
@@ -267,8 +308,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         if not listed:
             raise InvalidArgument("allreduce: no tensor given")
         t = listed[0]
-        if any(o.shape != t.shape or o.dtype != t.dtype for o in listed):
-            raise InvalidArgument("allreduce: the tensors of one call must share shape and dtype")
+        _alike(listed, "allreduce")
         if t.is_sparse:
             return self._sparse_allreduce(given, listed, opts)
         op = _reduction(opts, t, "allreduce")
@@ -305,6 +345,12 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         given = _listed(tensors)
         listed = [_cpu(t, "allreduce_coalesced") for t in given]
+        if not listed:
+            raise InvalidArgument("allreduce_coalesced: no tensor given")
+        for i, t in enumerate(listed):
+            if t.layout != torch.strided:
+                raise InvalidArgument(f"allreduce_coalesced: tensor {i} is {t.layout}; coalesced calls take dense "
+                                      f"tensors (allreduce a sparse tensor on its own)")
         unique = list({(t.data_ptr(), t.dtype, tuple(t.shape), t.stride()): t for t in listed}.values())
         by_dtype: dict = {}
         for t in unique:
@@ -336,12 +382,8 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         listed = [_cpu(t, "broadcast") for t in given]
         if not listed:
             raise InvalidArgument("broadcast: no tensor given")
-        index = int(getattr(opts, "rootTensor", 0))
-        if not 0 <= index < len(listed):
-            raise InvalidArgument(f"broadcast: rootTensor {index} is not one of the {len(listed)} tensors given")
-        t = listed[index]
-        if any(o.shape != t.shape or o.dtype != t.dtype for o in listed):
-            raise InvalidArgument("broadcast: the tensors of one call must share shape and dtype")
+        t = listed[_root_tensor(opts, len(listed), "broadcast")]
+        _alike(listed, "broadcast")
         root = self._root(opts, "broadcast")
 
         def run() -> None:
@@ -358,6 +400,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         if isinstance(opts, int):
             opts, root = None, opts
         opts = _options(opts, dist.ReduceOptions, rootRank=root, reduceOp=op)
+        _root_tensor(opts, len(_listed(tensors)), "reduce")
         t = _one(tensors, "reduce")
         op = _reduction(opts, t, "reduce")
         root = self._root(opts, "reduce")
@@ -368,18 +411,32 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         return self._worker.submit(run, _listed(tensors), waited=_waited(opts))
 
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None) -> Work:
-        """Also the group object's short form, ``allgather(outputs, tensor)``."""
+        """One tensor, or several (gloo's form: with n inputs, each of the n
+        output lists gets every rank's n inputs, rank by rank). Also the
+        group object's short form, ``allgather(outputs, tensor)``."""
         if isinstance(input_tensors, torch.Tensor):
             output_tensors, input_tensors = [output_tensors], [input_tensors]
-        t = _one(input_tensors, "all_gather")
-        outputs = _same(_one_list(output_tensors, "all_gather"), t, self._world, "all_gather")
+        inputs = [_cpu(t, "all_gather") for t in input_tensors]
+        if not inputs:
+            raise InvalidArgument("all_gather: no tensor given")
+        if len(output_tensors) != len(inputs):
+            raise InvalidArgument(f"all_gather: {len(inputs)} inputs but {len(output_tensors)} output lists "
+                                  f"(one list per input)")
+        _alike(inputs, "all_gather")
+        t, n = inputs[0], len(inputs)
+        each = "rank" if n == 1 else f"input of each rank, {n} per rank"
+        outputs = [_same(outs, t, self._world * n, "all_gather", each) for outs in output_tensors]
 
         def run() -> None:
-            gathered = t.new_empty((self._world,) + tuple(t.shape))
-            self._transport.allgather(gathered, t.contiguous())
-            for out, row in zip(outputs, gathered):
-                out.copy_(row)
-        return self._worker.submit(run, _flattened(output_tensors), waited=_waited(opts))
+            mine = t.contiguous() if n == 1 else torch.stack(inputs)
+            gathered = t.new_empty((self._world,) + tuple(mine.shape))
+            self._transport.allgather(gathered, mine)
+            rows = gathered.view((self._world * n,) + tuple(t.shape))
+            for outs in outputs:
+                for out, row in zip(outs, rows):
+                    out.copy_(row)
+        value: List[Any] = _flattened(output_tensors) if n == 1 else [list(outs) for outs in output_tensors]
+        return self._worker.submit(run, value, waited=_waited(opts))
 
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_list: Any,
                             opts: Any = None) -> Work:
@@ -427,6 +484,8 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         opts = _options(opts, dist.GatherOptions, rootRank=opts if isinstance(opts, int) else None)
         t = _one(input_tensors, "gather")
         root = self._root(opts, "gather")
+        if self.rank() != root and any(len(outs) for outs in output_tensors if outs is not None):
+            raise InvalidArgument(f"gather: outputs are given on the root only; rank {self.rank()} is not root {root}")
         outputs = (_same(_one_list(output_tensors, "gather"), t, self._world, "gather")
                    if self.rank() == root else None)
 
@@ -445,6 +504,8 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         opts = _options(opts, dist.ScatterOptions, rootRank=opts if isinstance(opts, int) else None)
         t = _one(output_tensors, "scatter")
         root = self._root(opts, "scatter")
+        if self.rank() != root and any(len(ins) for ins in input_tensors if ins is not None):
+            raise InvalidArgument(f"scatter: inputs are given on the root only; rank {self.rank()} is not root {root}")
         inputs = _same(_one_list(input_tensors, "scatter"), t, self._world, "scatter") if self.rank() == root else None
 
         def run() -> None:
