@@ -5,8 +5,9 @@ from any source, telling the sender), ``isend``, ``irecv`` and
 Ranks of one host meet in one private rendezvous per process group (a
 sealed memfd, so a container's small /dev/shm does not bound it), made by
 rank 0 when the group is made and named to the others through the group's
-Store; every rank attaches then, so a rank may send and exit before its
-peer receives (the memory goes with the last rank that has it). A message from ``src`` to
+Store; every rank attaches then, before the group's join completes, so a
+rank may send and exit before its peer receives (the memory goes with the
+last rank that has it). A message from ``src`` to
 ``dst`` with ``tag`` goes under the key ``p2p/SRC>DST/TAG``: a key is a
 FIFO, which is torch's ordering guarantee.
 
@@ -144,12 +145,11 @@ class SharedPeers:
     """Point-to-point among ranks of one host, through a private rendezvous
     shared by the process group (see the module docstring)."""
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta,
-                 pid_of: Callable[[int], int]) -> None:
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
         self._rank = rank
         self._size = size
         self._timeout = timeout.total_seconds()
-        self._pid_of = pid_of  # a rank's pid, from the group's own table
+        self.pid_of: Callable[[int], int] = lambda rank: 0  # a rank's pid: the group's table, once joined
         self._lock = threading.Lock()  # guards _posted, _sending, _sender, _closed
         self._posted: Dict[str, Deque[RecvWork]] = collections.defaultdict(collections.deque)
         self._busy: Dict[str, threading.Lock] = collections.defaultdict(threading.Lock)
@@ -170,7 +170,7 @@ class SharedPeers:
         return self._rdv
 
     def _alive(self, rank: int) -> bool:
-        pid = self._pid_of(rank)
+        pid = self.pid_of(rank)
         if not pid:
             return False
         try:
@@ -331,7 +331,7 @@ class SharedPeers:
                 deadline = time.monotonic() + self._timeout - SLICE_S
             if not self._alive(src):
                 raise PeerLost(f"recv on rank {self._rank}: rank {src}, the sender, has exited", src,
-                               self._pid_of(src))
+                               self.pid_of(src))
             if time.monotonic() > deadline:
                 raise RendezvousTimeout(f"recv on rank {self._rank} from rank {src}: nothing came within "
                                   f"{self._timeout:g} s (the process group's timeout)")

@@ -128,9 +128,14 @@ def _mismatch(rank, world, port):
     return "ok"
 
 
-def _send_and_exit(rank, world, port):
-    """The sender's process may be gone before the receiver receives."""
-    _init(rank, world, port)
+def _send_and_exit(rank, world, store_file):
+    """The sender's process may be gone before the receiver receives, and
+    before the receiver has even finished joining (a FileStore lets rank 0
+    through init_process_group as soon as it has written its part)."""
+    if rank == 1:
+        time.sleep(1.0)
+    dist.init_process_group("shmrdv", rank=rank, world_size=world, init_method=f"file://{store_file}",
+                            timeout=TIMEOUT)
     if rank == 0:
         dist.send(torch.arange(10.), 1)
         dist.send(torch.arange(p2p.CHUNK // 2, dtype=torch.int32).repeat(3), 1)  # chunked
@@ -301,8 +306,8 @@ def test_a_receive_into_a_tensor_of_another_size_says_both(ctx):
     assert run_ranks(ctx, 2, _mismatch, free_port()) == {0: "ok", 1: "ok"}
 
 
-def test_what_a_rank_sent_before_it_exited_is_still_received(ctx):
-    assert run_ranks(ctx, 2, _send_and_exit, free_port()) == {0: "sent", 1: "received"}
+def test_what_a_rank_sent_before_it_exited_is_still_received(ctx, tmp_path):
+    assert run_ranks(ctx, 2, _send_and_exit, str(tmp_path / "store")) == {0: "sent", 1: "received"}
 
 
 def test_a_receive_from_a_dead_rank_fails_at_once(ctx):
