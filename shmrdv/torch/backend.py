@@ -249,17 +249,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         self._rank = rank
         self._closed = False
         self._timeout = timeout
-        self._transport, self._peers = _connect(store, rank, size, timeout)
-        if isinstance(self._transport, Local):
-            # Rank 0's private rendezvous for point-to-point can be attached
-            # only while rank 0 has it open: no rank leaves creation (and may
-            # shut the group down at once) before every rank has attached.
-            try:
-                self._transport.barrier()
-            except BaseException:
-                self._peers.close()
-                self._transport.close()
-                raise
+        self._transport, self._peers = _connect(store, rank, size, timeout)  # every rank attached (see _connect)
         self._worker = Worker(f"shmrdv-pg-r{rank}", self._transport.failed, self._abandoned)
 
     def _abandoned(self, exc: BaseException) -> None:
