@@ -57,20 +57,24 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def child_processes() -> list:
-    """(pid, state letter) of every child of this process, from /proc."""
-    me = str(os.getpid())
-    kids = []
+def process_stats() -> list:
+    """(pid, the fields of /proc/PID/stat after the command name) of every
+    process: fields[0] is the state letter, [1] the parent, [3] the session."""
+    stats = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
+                    stats.append((int(entry), f.read().rsplit(")", 1)[1].split()))
             except OSError:
                 continue
-            if fields[1] == me:
-                kids.append((int(entry), fields[0]))
-    return kids
+    return stats
+
+
+def child_processes() -> list:
+    """(pid, state letter) of every child of this process, from /proc."""
+    me = str(os.getpid())
+    return [(pid, fields[0]) for pid, fields in process_stats() if fields[1] == me]
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -104,6 +104,15 @@ def _listed(tensors: Any) -> List[torch.Tensor]:
     return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
 
 
+def _given(tensors: Any, what: str) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """A call's tensors as given (what its Work's result holds), and as the
+    CPU tensors it works on; at least one."""
+    given = _listed(tensors)
+    if not given:
+        raise InvalidArgument(f"{what}: no tensor given")
+    return given, [_cpu(t, what) for t in given]
+
+
 def _one(tensors: Any, what: str) -> torch.Tensor:
     """The one CPU tensor of a call (torch passes lists, one tensor per device)."""
     tensors = _listed(tensors)
@@ -293,10 +302,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         if opts is not None and not isinstance(opts, dist.AllreduceOptions):
             opts, op = None, opts
         opts = _options(opts, dist.AllreduceOptions, reduceOp=op)
-        given = _listed(tensors)
-        listed = [_cpu(t, "allreduce") for t in given]
-        if not listed:
-            raise InvalidArgument("allreduce: no tensor given")
+        given, listed = _given(tensors, "allreduce")
         t = listed[0]
         _alike(listed, "allreduce")
         if t.is_sparse:
@@ -333,10 +339,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         """The tensors reduced as one flat buffer per dtype (one collective
         each); a tensor listed twice is reduced once and written twice."""
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        given = _listed(tensors)
-        listed = [_cpu(t, "allreduce_coalesced") for t in given]
-        if not listed:
-            raise InvalidArgument("allreduce_coalesced: no tensor given")
+        given, listed = _given(tensors, "allreduce_coalesced")
         for i, t in enumerate(listed):
             if t.layout != torch.strided:
                 raise InvalidArgument(f"allreduce_coalesced: tensor {i} is {t.layout}; coalesced calls take dense "
@@ -368,10 +371,7 @@ class ProcessGroupShmrdv(dist.ProcessGroup):
         if isinstance(opts, int):
             opts, root = None, opts
         opts = _options(opts, dist.BroadcastOptions, rootRank=root)
-        given = _listed(tensors)
-        listed = [_cpu(t, "broadcast") for t in given]
-        if not listed:
-            raise InvalidArgument("broadcast: no tensor given")
+        given, listed = _given(tensors, "broadcast")
         t = listed[_root_tensor(opts, len(listed), "broadcast")]
         _alike(listed, "broadcast")
         root = self._root(opts, "broadcast")

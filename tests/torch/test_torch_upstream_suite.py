@@ -76,6 +76,7 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
 pytest.importorskip("expecttest", reason="torch's test harness (torch.testing._internal) needs expecttest")
 
+from ..conftest import process_stats  # noqa: E402
 from . import upstream_suite_names as names  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -289,17 +290,7 @@ class Runner:
 
 def _session_members(sid: int) -> List[int]:
     """The live processes of session sid."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid and fields[0] != "Z":
-                members.append(int(entry))
-    return members
+    return [pid for pid, fields in process_stats() if int(fields[3]) == sid and fields[0] != "Z"]
 
 
 def _kill_session(sid: int, grace_s: float = 10.0) -> List[int]:
