@@ -119,6 +119,7 @@ class RecvWork(Work):
         self.tensor = tensor
         self.keys = keys
         self.source = -1
+        self._driven = False  # a thread of get_future's receives it
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         if not self._done:
@@ -131,7 +132,8 @@ class RecvWork(Work):
         return self._done
 
     def get_future(self) -> torch.futures.Future:
-        if not self._done:
+        if not self._done and not self._driven:  # one thread, however often the future is asked for
+            self._driven = True
             threading.Thread(target=self._peers.complete, args=(self, True), daemon=True,
                              name="shmrdv-p2p-recv").start()
         return super().get_future()
